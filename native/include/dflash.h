@@ -1,0 +1,235 @@
+/*
+ * dflash.h - the C API of pydflash's native core (the only boundary to Python).
+ *
+ * The core drives a GGUF target model through libllama (tokenize, chat template, batched
+ * decode, hidden-state taps for DFlash drafters, KV rollback) and runs generation loops in C++
+ * so that no Python runs per token.
+ *
+ * Usage:
+ *
+ *     dflash_target_params tp = dflash_target_default_params();
+ *     tp.n_ctx = 2048;
+ *     dflash_target * target = NULL;
+ *     if (dflash_target_load("model.gguf", &tp, &target) != DFLASH_OK) {
+ *         fprintf(stderr, "%s\n", dflash_last_error());
+ *     }
+ *     ...
+ *     dflash_target_free(target);
+ *
+ * Errors: every function that can fail returns a dflash_status; on failure a human-readable
+ * message is kept per thread and read with dflash_last_error(). No function aborts the process
+ * on bad input.
+ *
+ * Threads: a handle may be used from one thread at a time (the caller serialises); different
+ * handles may be used from different threads.
+ *
+ * Ownership: objects returned through `**out` are owned by the caller and released with their
+ * `_free` function. Pointers returned by accessors are borrowed and stay valid until the next
+ * call that changes that object (documented per function).
+ *
+ * The header is plain C99 and parsed by cffi: no macros inside declarations.
+ */
+#ifndef DFLASH_H
+#define DFLASH_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum dflash_status {
+    DFLASH_OK                   = 0,
+    DFLASH_ERR_INVALID_ARGUMENT = 1,  /* a parameter is out of range or inconsistent */
+    DFLASH_ERR_IO               = 2,  /* file missing or unreadable */
+    DFLASH_ERR_FORMAT           = 3,  /* not a (valid, complete) GGUF model of the expected kind */
+    DFLASH_ERR_CONTEXT_FULL     = 4,  /* the tokens do not fit in the context window */
+    DFLASH_ERR_MISMATCH         = 5,  /* drafter and target do not belong together */
+    DFLASH_ERR_BUFFER_TOO_SMALL = 6,  /* output buffer too small; the needed size was returned */
+    DFLASH_ERR_BACKEND          = 7,  /* the compute backend failed (llama_decode error, OOM) */
+    DFLASH_ERR_CANCELLED        = 8,  /* a callback asked to stop */
+    DFLASH_ERR_UNSUPPORTED      = 9,  /* valid request this build/model cannot do */
+    DFLASH_ERR_INTERNAL         = 99  /* a bug: please report */
+} dflash_status;
+
+/* Message of the last failed call on this thread ("" if none). Borrowed, valid until the next
+ * failing call on the same thread. */
+const char * dflash_last_error(void);
+
+/* Version of this C API; the Python package checks it at import. */
+int32_t dflash_abi_version(void);
+
+/* The llama.cpp commit the core was built against. */
+const char * dflash_llama_commit(void);
+
+/* Route libllama/ggml log output: false (default) = only errors to stderr, true = everything. */
+void dflash_set_verbose(bool verbose);
+
+/* ---------------------------------------------------------------------------------------------
+ * Target model
+ * ------------------------------------------------------------------------------------------- */
+
+typedef struct dflash_target dflash_target;
+
+typedef enum dflash_tap_source {
+    DFLASH_TAP_AUTO        = 0,  /* layer-input API where the target's graph supports it */
+    DFLASH_TAP_LAYER_INPUT = 1,  /* llama_set_embeddings_layer_inp (llama, qwen3 archs) */
+    DFLASH_TAP_EVAL        = 2   /* graph eval callback on layer outputs (any arch) */
+} dflash_tap_source;
+
+typedef struct dflash_target_params {
+    int32_t n_ctx;          /* context window in tokens (0 = 4096, capped to the trained size) */
+    int32_t n_batch;        /* most tokens one decode call takes (0 = 512) */
+    int32_t n_seq_max;      /* sequences decoded together (>= 1) */
+    int32_t n_threads;      /* CPU threads (<= 0: all cores) */
+    int32_t n_gpu_layers;   /* layers offloaded to a GPU build's device (-1: all) */
+    int32_t tap_source;     /* a dflash_tap_source */
+} dflash_target_params;
+
+typedef struct dflash_target_info {
+    int32_t n_vocab;
+    int32_t n_embd;
+    int32_t n_layer;
+    int32_t n_ctx;          /* context window actually allocated */
+    int32_t n_ctx_train;
+    int32_t n_seq_max;
+    int32_t token_bos;      /* -1 if none */
+    int32_t token_eos;      /* -1 if none */
+    bool    add_bos;        /* the vocab wants BOS prepended */
+} dflash_target_info;
+
+dflash_target_params dflash_target_default_params(void);
+
+/* Load a GGUF target and create its context. */
+dflash_status dflash_target_load(const char * path, const dflash_target_params * params,
+                                 dflash_target ** out);
+void          dflash_target_free(dflash_target * target);
+
+dflash_status dflash_target_get_info(const dflash_target * target, dflash_target_info * out);
+
+/* A string metadata value of the GGUF ("" + DFLASH_ERR_INVALID_ARGUMENT if absent); writes at
+ * most buf_size bytes including the terminator. */
+dflash_status dflash_target_meta(const dflash_target * target, const char * key, char * buf,
+                                 size_t buf_size);
+
+/* Text -> tokens. On DFLASH_ERR_BUFFER_TOO_SMALL *n_out holds the needed count. */
+dflash_status dflash_target_tokenize(const dflash_target * target, const char * text, size_t len,
+                                     bool add_special, bool parse_special, int32_t * tokens,
+                                     int32_t n_tokens_max, int32_t * n_out);
+
+/* Tokens -> text. On DFLASH_ERR_BUFFER_TOO_SMALL *n_out holds the needed byte count. */
+dflash_status dflash_target_detokenize(const dflash_target * target, const int32_t * tokens,
+                                       int32_t n_tokens, bool render_special, char * buf,
+                                       size_t buf_size, size_t * n_out);
+
+/* Format chat messages with the model's own chat template (NULL template = the model's).
+ * On DFLASH_ERR_BUFFER_TOO_SMALL *n_out holds the needed byte count. */
+dflash_status dflash_target_apply_chat_template(const dflash_target * target,
+                                                const char * const * roles,
+                                                const char * const * contents, size_t n_messages,
+                                                bool add_assistant, char * buf, size_t buf_size,
+                                                size_t * n_out);
+
+bool dflash_target_token_is_eog(const dflash_target * target, int32_t token);
+
+/* -- low-level decoding (tests, training-data capture, research) ------------------------------ */
+
+/* Capture the hidden state entering each of `layers` (0..n_layer; i.e. the output of layer-1)
+ * for every row of every following decode. n_layers = 0 turns capture off. */
+dflash_status dflash_target_set_taps(dflash_target * target, const int32_t * layers,
+                                     int32_t n_layers);
+
+/* Decode tokens at positions pos[i] of sequence seq_id (pos = NULL: continue after the
+ * sequence's last position). all_logits: keep logits of every row (else only the last). */
+dflash_status dflash_target_decode(dflash_target * target, int32_t seq_id, const int32_t * tokens,
+                                   const int32_t * pos, int32_t n_tokens, bool all_logits);
+
+/* Logits [n_vocab] of row `row` of the last decode (-1 = last row). Borrowed until the next
+ * decode. */
+dflash_status dflash_target_logits(dflash_target * target, int32_t row, const float ** out);
+
+/* Captured features of tap `tap_index` from the last decode: [n_rows x n_embd] row-major F32.
+ * Borrowed until the next decode. */
+dflash_status dflash_target_tap_rows(dflash_target * target, int32_t tap_index,
+                                     const float ** out, int32_t * n_rows);
+
+/* Highest position held for seq_id (-1 if empty). */
+int32_t dflash_target_seq_pos_max(const dflash_target * target, int32_t seq_id);
+
+/* Forget positions >= pos of seq_id (pos = 0 clears it). */
+dflash_status dflash_target_rollback(dflash_target * target, int32_t seq_id, int32_t pos);
+
+/* ---------------------------------------------------------------------------------------------
+ * Sampling and generation
+ * ------------------------------------------------------------------------------------------- */
+
+/* Applied in llama.cpp's default order: top-k, top-p, min-p on the raw logits, then
+ * temperature, then a draw. temperature <= 0 is greedy (argmax, first index on ties). */
+typedef struct dflash_sampling_params {
+    float    temperature;   /* default 0.8 */
+    int32_t  top_k;         /* <= 0: off; default 40 */
+    float    top_p;         /* >= 1: off; default 0.95 */
+    float    min_p;         /* <= 0: off; default 0.05 */
+    uint64_t seed;          /* RNG seed */
+} dflash_sampling_params;
+
+typedef enum dflash_stop_reason {
+    DFLASH_STOP_NONE       = 0,
+    DFLASH_STOP_EOS        = 1,   /* an end-of-generation token */
+    DFLASH_STOP_STRING     = 2,   /* one of the stop strings appeared */
+    DFLASH_STOP_MAX_TOKENS = 3,
+    DFLASH_STOP_CONTEXT    = 4,   /* the context window is full */
+    DFLASH_STOP_CANCELLED  = 5    /* the token callback returned false */
+} dflash_stop_reason;
+
+typedef struct dflash_generate_params {
+    int32_t               max_tokens;   /* < 0: until EOS / context full */
+    dflash_sampling_params sampling;
+    const char * const *  stop;         /* stop strings (may be NULL) */
+    int32_t               n_stop;
+    bool                  ignore_eos;
+} dflash_generate_params;
+
+typedef struct dflash_stats {
+    int32_t n_prompt;               /* prompt tokens */
+    int32_t n_generated;            /* generated tokens (including a trailing EOS) */
+    int32_t n_verify_steps;         /* target decode calls after prefill */
+    int32_t n_drafted;              /* draft tokens proposed */
+    int32_t n_accepted;             /* draft tokens accepted */
+    int32_t stop_reason;            /* a dflash_stop_reason */
+    double  t_prefill_ms;
+    double  t_draft_ms;
+    double  t_verify_ms;
+    double  t_accept_ms;
+    double  t_total_ms;
+} dflash_stats;
+
+/* Streaming: called once per committed token with the newly releasable UTF-8 text (may be empty
+ * while a character is incomplete or the text could still become a stop string), and once more
+ * with token -1 if text was still held back at the end. Return false to stop. */
+typedef bool (*dflash_token_callback)(void * user_data, int32_t token, const char * piece,
+                                      size_t n_piece);
+
+typedef struct dflash_output dflash_output;
+
+dflash_generate_params dflash_generate_default_params(void);
+
+/* Plain autoregressive generation on sequence 0 of the target (the KV cache is cleared first).
+ * Text stops before a stop string; tokens include the token that completed it. */
+dflash_status dflash_target_generate(dflash_target * target, const int32_t * prompt,
+                                     int32_t n_prompt, const dflash_generate_params * params,
+                                     dflash_token_callback callback, void * user_data,
+                                     dflash_output ** out);
+
+const int32_t *      dflash_output_tokens(const dflash_output * output, int32_t * n_tokens);
+const char *         dflash_output_text(const dflash_output * output, size_t * n_bytes);
+const dflash_stats * dflash_output_stats(const dflash_output * output);
+void                 dflash_output_free(dflash_output * output);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* DFLASH_H */

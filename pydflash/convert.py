@@ -1,0 +1,475 @@
+"""Convert a Hugging Face DFlash / DFlash2 drafter to a llama.cpp ``dflash`` GGUF.
+
+Usage::
+
+    pydflash convert <draft_dir> --target-gguf target.gguf --outtype f16 -o draft.gguf
+    pydflash convert <draft_dir> --target-model-dir <hf_target_dir> --outtype bf16 -o draft.gguf
+
+What the file holds (names and shapes: :mod:`pydflash.gguf_layout`):
+
+* metadata, ``general.architecture = "dflash"``:
+  ``dflash.block_count``, ``.context_length``, ``.embedding_length``, ``.feed_forward_length``,
+  ``.attention.head_count``, ``.attention.head_count_kv``, ``.attention.key_length``,
+  ``.attention.value_length``, ``.attention.layer_norm_rms_epsilon``, ``.rope.freq_base``
+  (+ ``.rope.scaling.*`` for linear/yarn), ``.attention.causal`` (when the config sets it),
+  ``.attention.sliding_window`` + ``.attention.sliding_window_pattern`` (sliding layers),
+  ``dflash.block_size``, ``dflash.target_layers`` (i32, **HF layer id + 1**: llama.cpp taps
+  layer inputs), DFlash2: ``dflash.conv_kernel_size``, ``.conv_group_size``,
+  ``.selector_rank``, ``.selector_top_k``; ``dflash.logit_scale`` (output_multiplier),
+  ``dflash.final_logit_softcapping`` (if > 0), ``dflash.embedding_scale``
+  (input_embedding_scale); ``general.name``, ``general.file_type``,
+  ``general.quantization_version``; every ``tokenizer.*`` key of the target plus
+  ``tokenizer.ggml.mask_token_id``.
+* tensors: ``fc.weight`` [L*H, H], ``enc.output_norm.weight`` [H], ``output_norm.weight`` [H],
+  per layer ``blk.i.attn_norm/attn_q/attn_k/attn_v/attn_output/attn_q_norm/attn_k_norm/
+  ffn_norm/ffn_gate/ffn_up/ffn_down.weight``, DFlash2 per layer ``blk.i.attn_conv_base``,
+  ``blk.i.attn_conv_proj.weight``, ``blk.i.ffn_conv_base``, ``blk.i.ffn_conv_proj.weight``
+  and ``selector_predecessor.weight`` [r, V], ``selector_successor.weight`` [r, V],
+  ``selector_hidden.weight`` [H, r]; optional ``token_embd.weight`` / ``output.weight``.
+  Norms and conv bases are F32, ``fc`` is F32 (BF16 for --outtype bf16), matrices take
+  ``--outtype``.
+
+The tokenizer comes from the target: a target GGUF (every ``tokenizer.*`` key copied with
+its type) or, best effort, an HF target directory with a byte-level BPE ``tokenizer.json``.
+Everything is validated before anything is written (tensor names/shapes, hidden size and
+layer ids against the target, mask id against the vocabulary); the output appears
+atomically (temp file in the same directory, then ``os.replace``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import struct
+import sys
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from gguf import GGML_QUANT_VERSION, GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter, TokenType
+from gguf.quants import quant_shape_to_byte_shape, quantize
+
+from .gguf_layout import (
+    ARCH,
+    KV,
+    Keys,
+    OutType,
+    PlannedTensor,
+    drafter_metadata,
+    file_type,
+    plan_tensors,
+    storage_type,
+)
+from .reference.config import DFlashConfig, normalize_hf_name
+
+__all__ = ["TargetInfo", "convert", "main", "read_target_gguf", "read_target_hf", "validate_against_target"]
+
+logger = logging.getLogger(__name__)
+
+
+# --- reading the checkpoint without torch ------------------------------------------------
+
+_ST_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "F64": np.float64}
+
+
+@dataclass(frozen=True)
+class _StTensor:
+    """Where one tensor's bytes sit in a safetensors file."""
+
+    file: Path
+    dtype: str
+    shape: tuple[int, ...]
+    offset: int  # absolute byte offset of the data
+    nbytes: int
+
+
+def _read_safetensors_header(path: Path) -> dict[str, _StTensor]:
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(n))
+    out = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        begin, end = info["data_offsets"]
+        out[name] = _StTensor(path, info["dtype"], tuple(info["shape"]), 8 + n + begin, end - begin)
+    return out
+
+
+def _index_checkpoint(model_dir: Path) -> dict[str, _StTensor]:
+    """All tensors of ``model_dir/*.safetensors`` by normalised HF name."""
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors files in {model_dir}")
+    index: dict[str, _StTensor] = {}
+    for path in files:
+        for raw, entry in _read_safetensors_header(path).items():
+            name = normalize_hf_name(raw)
+            if name in index:
+                raise ValueError(f"tensor {raw!r} appears in both {index[name].file.name} and {path.name}")
+            if entry.dtype not in _ST_DTYPES:
+                raise ValueError(f"tensor {raw!r} has dtype {entry.dtype}; only F32/F16/BF16/F64 are supported")
+            index[name] = entry
+    return index
+
+
+def _load_f32(entry: _StTensor) -> np.ndarray:
+    """The tensor as float32 (BF16 widened bit-exactly)."""
+    np_dtype = np.dtype(_ST_DTYPES[entry.dtype])
+    count = entry.nbytes // np_dtype.itemsize
+    with open(entry.file, "rb") as f:
+        f.seek(entry.offset)
+        raw = np.fromfile(f, dtype=np_dtype.newbyteorder("<"), count=count)
+    if entry.dtype == "BF16":
+        arr = (raw.astype(np.uint32) << 16).view(np.float32)
+    else:
+        arr = raw.astype(np.float32)
+    return arr.reshape(entry.shape)
+
+
+# --- the target ----------------------------------------------------------------------------
+
+
+@dataclass
+class TargetInfo:
+    """What the converter needs from the target: sizes to validate against and its tokenizer."""
+
+    source: str
+    arch: str
+    hidden_size: int
+    n_layers: int
+    vocab_size: int
+    rope_theta: float | None = None
+    tokenizer: list[KV] = field(default_factory=list)
+
+
+def _field_kv(fld) -> KV:  # noqa: ANN001 - gguf ReaderField
+    """A GGUF metadata field as a KV with its exact types (strings kept as raw bytes)."""
+    main = fld.types[0]
+    if main == GGUFValueType.ARRAY:
+        sub = fld.types[-1]
+        if len(fld.types) != 2:
+            raise ValueError(f"nested array key {fld.name!r} cannot be copied")
+        if sub == GGUFValueType.STRING:
+            return KV(fld.name, [bytes(fld.parts[i]) for i in fld.data], main, sub)
+        if not fld.data:
+            return KV(fld.name, [], main, sub)
+        return KV(fld.name, np.concatenate([fld.parts[i] for i in fld.data]).tolist(), main, sub)
+    if main == GGUFValueType.STRING:
+        return KV(fld.name, bytes(fld.parts[-1]), main)
+    return KV(fld.name, fld.parts[-1].tolist()[0], main)
+
+
+def read_target_gguf(path: str | os.PathLike[str]) -> TargetInfo:
+    """Sizes and every ``tokenizer.*`` key (except the mask id, which the drafter sets) of a target GGUF."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"target GGUF {path} not found")
+    reader = GGUFReader(str(path))
+    fields = reader.fields
+
+    def scalar(key: str) -> object:
+        if key not in fields:
+            raise ValueError(f"target GGUF {path.name} has no {key!r}; is it a llama.cpp model file?")
+        return fields[key].contents()
+
+    arch = str(scalar("general.architecture"))
+    tokenizer = [_field_kv(f) for name, f in fields.items()
+                 if name.startswith(Keys.TOKENIZER_PREFIX) and name != Keys.MASK_TOKEN_ID]
+    if "tokenizer.ggml.tokens" not in fields:
+        raise ValueError(f"target GGUF {path.name} has no tokenizer.ggml.tokens (vocab-less file?)")
+    rope_key = f"{arch}.rope.freq_base"
+    return TargetInfo(
+        source=str(path),
+        arch=arch,
+        hidden_size=int(scalar(f"{arch}.embedding_length")),
+        n_layers=int(scalar(f"{arch}.block_count")),
+        vocab_size=len(fields["tokenizer.ggml.tokens"].data),
+        rope_theta=float(fields[rope_key].contents()) if rope_key in fields else None,
+        tokenizer=tokenizer,
+    )
+
+
+def read_target_hf(model_dir: str | os.PathLike[str]) -> TargetInfo:
+    """Best effort: sizes from ``config.json`` and a GPT-2-style vocab from a byte-level BPE ``tokenizer.json``.
+
+    Anything else (SentencePiece/Unigram/WordPiece) raises ``ValueError``: convert the
+    target with llama.cpp and pass ``--target-gguf`` instead.
+    """
+    model_dir = Path(model_dir)
+    cfg_path, tok_path = model_dir / "config.json", model_dir / "tokenizer.json"
+    for p in (cfg_path, tok_path):
+        if not p.is_file():
+            raise FileNotFoundError(f"{p} not found: --target-model-dir needs config.json and tokenizer.json "
+                                    "(or use --target-gguf)")
+    hp = json.loads(cfg_path.read_text(encoding="utf-8"))
+    hp = {**hp, **hp.get("text_config", {})}
+    tok = json.loads(tok_path.read_text(encoding="utf-8"))
+    model = tok.get("model") or {}
+    byte_level = "ByteLevel" in json.dumps(tok.get("pre_tokenizer")) or "ByteLevel" in json.dumps(tok.get("decoder"))
+    if model.get("type") != "BPE" or not byte_level:
+        raise ValueError(
+            f"{tok_path}: only byte-level BPE tokenizers are supported from an HF directory "
+            f"(found model type {model.get('type')!r}); convert the target with llama.cpp and pass --target-gguf"
+        )
+
+    vocab_size = int(hp["vocab_size"])
+    by_id: dict[int, tuple[str, int]] = {i: (t, int(TokenType.NORMAL)) for t, i in model["vocab"].items()}
+    for added in tok.get("added_tokens", []):
+        kind = TokenType.CONTROL if added.get("special") else TokenType.USER_DEFINED
+        by_id[int(added["id"])] = (added["content"], int(kind))
+    n_tokens = max(vocab_size, max(by_id) + 1)
+    tokens = [by_id.get(i, (f"[PAD{i}]", int(TokenType.UNUSED))) for i in range(n_tokens)]
+    merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges", [])]
+
+    arr, s, u32 = GGUFValueType.ARRAY, GGUFValueType.STRING, GGUFValueType.UINT32
+    kv = [
+        KV("tokenizer.ggml.model", "gpt2", s),
+        KV("tokenizer.ggml.pre", "default", s),
+        KV("tokenizer.ggml.tokens", [t for t, _ in tokens], arr, s),
+        KV("tokenizer.ggml.token_type", [k for _, k in tokens], arr, GGUFValueType.INT32),
+    ]
+    if merges:
+        kv.append(KV("tokenizer.ggml.merges", merges, arr, s))
+    kv += _hf_special_tokens(model_dir, hp, {t: i for i, (t, _) in enumerate(tokens)})
+    return TargetInfo(
+        source=str(model_dir),
+        arch=str((hp.get("architectures") or ["?"])[0]),
+        hidden_size=int(hp["hidden_size"]),
+        n_layers=int(hp["num_hidden_layers"]),
+        vocab_size=n_tokens,
+        rope_theta=hp.get("rope_theta", (hp.get("rope_parameters") or {}).get("rope_theta")),
+        tokenizer=kv,
+    )
+
+
+def _hf_special_tokens(model_dir: Path, hp: dict, ids: dict[str, int]) -> list[KV]:
+    """bos/eos/unk/pad ids, add_bos_token and chat_template from tokenizer_config.json / config.json."""
+    tc_path = model_dir / "tokenizer_config.json"
+    tc = json.loads(tc_path.read_text(encoding="utf-8")) if tc_path.is_file() else {}
+    kv: list[KV] = []
+    for role, key in (("bos", "bos_token_id"), ("eos", "eos_token_id"), ("unk", "unknown_token_id"),
+                      ("pad", "padding_token_id")):
+        token = tc.get(f"{role}_token")
+        if isinstance(token, dict):
+            token = token.get("content")
+        tid = ids.get(token) if isinstance(token, str) else hp.get(f"{role}_token_id")
+        if isinstance(tid, int):
+            kv.append(KV(f"tokenizer.ggml.{key}", tid, GGUFValueType.UINT32))
+    if isinstance(tc.get("add_bos_token"), bool):
+        kv.append(KV("tokenizer.ggml.add_bos_token", tc["add_bos_token"], GGUFValueType.BOOL))
+    if isinstance(tc.get("chat_template"), str):
+        kv.append(KV("tokenizer.chat_template", tc["chat_template"], GGUFValueType.STRING))
+    return kv
+
+
+# --- validation ----------------------------------------------------------------------------
+
+
+def _validate_config(config: DFlashConfig) -> None:
+    """Constraints of the dflash GGUF / llama.cpp loader that the HF config alone may violate."""
+    if config.mask_token_id is None:
+        raise ValueError("config.json has no dflash_config.mask_token_id; the GGUF needs it for "
+                         "tokenizer.ggml.mask_token_id (add it to dflash_config)")
+    if config.is_dflash2:
+        k = config.selector_top_k
+        assert k is not None
+        if config.hidden_size < k * (k + 1):
+            raise ValueError(f"selector_top_k {k} needs hidden_size >= K*(K+1) = {k * (k + 1)} in llama.cpp "
+                             f"(hidden_size is {config.hidden_size}); lower selector_top_k")
+
+
+def validate_against_target(config: DFlashConfig, plan: Sequence[PlannedTensor], target: TargetInfo) -> None:
+    """Raise one ``ValueError`` listing every mismatch between the drafter and the target."""
+    problems: list[str] = []
+    where = f"target {target.source} ({target.arch})"
+    if config.hidden_size != target.hidden_size:
+        problems.append(
+            f"drafter hidden_size {config.hidden_size} != target embedding_length {target.hidden_size} in {where}: "
+            "the drafter must be converted against the target it was trained for")
+    bad = [i for i in config.target_layer_ids if i >= target.n_layers]
+    if bad:
+        problems.append(
+            f"target_layer_ids {bad} do not exist in {where} with {target.n_layers} layers (block_count); "
+            "fix dflash_config.target_layer_ids or use the right target")
+    if config.mask_token_id is not None and not 0 <= config.mask_token_id < target.vocab_size:
+        problems.append(
+            f"mask_token_id {config.mask_token_id} is outside the target vocabulary ({target.vocab_size} tokens in "
+            f"{where}); fix dflash_config.mask_token_id or use the right target")
+    vocab_tensors = [t.hf_name for t in plan if t.torch_shape[0] == config.vocab_size and
+                     t.gguf_name in ("selector_predecessor.weight", "selector_successor.weight",
+                                     "token_embd.weight", "output.weight")]
+    if vocab_tensors and config.vocab_size != target.vocab_size:
+        problems.append(
+            f"{vocab_tensors} have {config.vocab_size} rows but {where} has {target.vocab_size} tokens; "
+            "the selector tables must cover the target's full vocabulary")
+    if config.num_target_layers is not None and config.num_target_layers != target.n_layers:
+        logger.warning("config says num_target_layers=%d but %s has %d layers",
+                       config.num_target_layers, where, target.n_layers)
+    if target.rope_theta is not None and abs(float(target.rope_theta) - config.rope_theta) > 1e-6 * config.rope_theta:
+        logger.warning("drafter rope_theta %g differs from the target's %g", config.rope_theta, target.rope_theta)
+    if problems:
+        raise ValueError("drafter does not fit the target:\n  " + "\n  ".join(problems))
+
+
+# --- writing ---------------------------------------------------------------------------------
+
+
+def _encode(data: np.ndarray, qtype: GGMLQuantizationType, name: str) -> np.ndarray:
+    """float32 data -> the bytes/array to store as ``qtype``."""
+    if qtype == GGMLQuantizationType.F32:
+        return np.ascontiguousarray(data, dtype=np.float32)
+    if qtype == GGMLQuantizationType.F16:
+        out = data.astype(np.float16)
+        if np.any(np.isinf(out) & np.isfinite(data)):
+            raise ValueError(f"tensor {name!r} has values beyond the F16 range; use --outtype bf16 or f32")
+        return out
+    return quantize(np.ascontiguousarray(data, dtype=np.float32), qtype)
+
+
+def _nbytes(shape: tuple[int, ...], qtype: GGMLQuantizationType) -> int:
+    return int(np.prod(quant_shape_to_byte_shape(shape, qtype)))
+
+
+def _progress(enabled: bool | None, total: int):  # noqa: ANN202 - tqdm or a no-op
+    show = sys.stderr.isatty() if enabled is None else enabled
+    if not show:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="B", unit_scale=True, desc="dflash gguf", file=sys.stderr)
+
+
+def convert(
+    model_dir: str | os.PathLike[str],
+    outfile: str | os.PathLike[str],
+    *,
+    target_gguf: str | os.PathLike[str] | None = None,
+    target_model_dir: str | os.PathLike[str] | None = None,
+    outtype: str = "f16",
+    progress: bool | None = None,
+) -> Path:
+    """Convert the HF DFlash / DFlash2 checkpoint in ``model_dir`` to a ``dflash`` GGUF at ``outfile``.
+
+    Args:
+        model_dir: directory with ``config.json`` and ``*.safetensors``.
+        outfile: output path (written atomically; an existing file is replaced).
+        target_gguf: the target as a llama.cpp GGUF (tokenizer copied verbatim). Exactly one
+            of ``target_gguf`` / ``target_model_dir`` is required.
+        target_model_dir: the target as an HF directory (byte-level BPE tokenizer.json only).
+        outtype: ``f32``, ``f16``, ``bf16`` or ``q8_0`` for the weight matrices.
+        progress: progress bar on stderr (default: only when stderr is a terminal).
+    Returns:
+        The output path.
+    Raises:
+        ValueError: the checkpoint, config or target do not fit (nothing is written).
+    """
+    model_dir, outfile = Path(model_dir), Path(outfile)
+    out = OutType(outtype.lower()) if outtype.lower() in {o.value for o in OutType} else None
+    if out is None:
+        raise ValueError(f"unknown outtype {outtype!r}; choose one of {[o.value for o in OutType]}")
+    if (target_gguf is None) == (target_model_dir is None):
+        raise ValueError("pass exactly one of target_gguf (--target-gguf) or target_model_dir (--target-model-dir): "
+                         "the drafter GGUF carries the target's tokenizer")
+
+    config = DFlashConfig.from_pretrained(model_dir)
+    _validate_config(config)
+    index = _index_checkpoint(model_dir)
+    plan = plan_tensors(config, {name: entry.shape for name, entry in index.items()})
+    target = read_target_gguf(target_gguf) if target_gguf is not None else read_target_hf(target_model_dir)
+    validate_against_target(config, plan, target)
+
+    metadata = [KV(Keys.NAME, model_dir.resolve().name, GGUFValueType.STRING), *drafter_metadata(config)]
+    metadata += [
+        KV(Keys.FILE_TYPE, int(file_type(out)), GGUFValueType.UINT32),
+        KV(Keys.QUANTIZATION_VERSION, GGML_QUANT_VERSION, GGUFValueType.UINT32),
+        *target.tokenizer,
+        KV(Keys.MASK_TOKEN_ID, config.mask_token_id, GGUFValueType.UINT32),
+    ]
+    types = [storage_type(t, out) for t in plan]
+
+    outfile.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(dir=outfile.parent, prefix=f".{outfile.name}.", suffix=".tmp")
+    os.close(fd)
+    tmp = Path(tmp_name)
+    try:
+        _write(tmp, metadata, plan, types, index, progress)
+        os.replace(tmp, outfile)
+    finally:
+        tmp.unlink(missing_ok=True)
+    logger.info("wrote %s (%d tensors, %s)", outfile, len(plan), out.value)
+    return outfile
+
+
+def _write(path: Path, metadata: list[KV], plan: Sequence[PlannedTensor], types: Sequence[GGMLQuantizationType],
+           index: dict[str, _StTensor], progress: bool | None) -> None:
+    """Stream header, metadata, tensor infos, then each tensor (one in memory at a time)."""
+    writer = GGUFWriter(path=None, arch=ARCH)
+    for kv in metadata:
+        writer.add_key_value(kv.key, kv.value, kv.type, kv.sub_type)
+    sizes = [_nbytes(t.torch_shape, q) for t, q in zip(plan, types)]
+    for t, q, n in zip(plan, types, sizes):
+        writer.add_tensor_info(t.gguf_name, t.torch_shape, np.dtype(np.float32), n, raw_dtype=q)
+    bar = _progress(progress, sum(sizes))
+    try:
+        writer.write_header_to_file(path)
+        writer.write_kv_data_to_file()
+        writer.write_ti_data_to_file()
+        for t, q in zip(plan, types):
+            data = _encode(_load_f32(index[t.hf_name]), q, t.hf_name)
+            writer.write_tensor_data(data)
+            if bar is not None:
+                bar.update(data.nbytes)
+        writer.flush()
+        assert writer.fout is not None
+        os.fsync(writer.fout[0].fileno())
+    finally:
+        writer.close()
+        if bar is not None:
+            bar.close()
+
+
+# --- CLI -----------------------------------------------------------------------------------
+
+
+def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog=prog or "pydflash convert",
+        description="Convert a Hugging Face DFlash / DFlash2 drafter to a llama.cpp 'dflash' GGUF.",
+    )
+    p.add_argument("model_dir", type=Path, help="HF checkpoint directory (config.json + *.safetensors)")
+    p.add_argument("-o", "--outfile", type=Path, default=None,
+                   help="output GGUF (default: <model_dir name>-<outtype>.gguf in the current directory)")
+    p.add_argument("--outtype", choices=[o.value for o in OutType], default="f16",
+                   help="type of the weight matrices (norms stay F32, fc F32/BF16; default f16)")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--target-gguf", type=Path, help="target model GGUF: sizes to validate, tokenizer to copy")
+    src.add_argument("--target-model-dir", type=Path,
+                     help="target HF directory (config.json + byte-level BPE tokenizer.json; best effort)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    p.add_argument("-v", "--verbose", action="store_true", help="log details")
+    return p
+
+
+def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
+    """CLI entry point; returns the exit status (errors are printed, not raised)."""
+    args = build_parser(prog).parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s: %(message)s")
+    outfile = args.outfile or Path(f"{args.model_dir.resolve().name}-{args.outtype}.gguf")
+    try:
+        path = convert(args.model_dir, outfile, target_gguf=args.target_gguf,
+                       target_model_dir=args.target_model_dir, outtype=args.outtype,
+                       progress=False if args.quiet else None)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,223 @@
+"""Generation results and the plumbing shared by every generate/stream entry point.
+
+The token loop runs in C++; Python only converts arguments, receives streamed text pieces through
+one callback, and wraps the native output in a ``Result``.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from dataclasses import dataclass, field
+from typing import Callable, Iterator, Sequence
+
+from . import errors
+from ._bindings import TOKEN_CALLBACK, check, ffi, lib
+
+STOP_REASONS = {
+    lib.DFLASH_STOP_NONE: "none",
+    lib.DFLASH_STOP_EOS: "eos",
+    lib.DFLASH_STOP_STRING: "stop",
+    lib.DFLASH_STOP_MAX_TOKENS: "length",
+    lib.DFLASH_STOP_CONTEXT: "context",
+    lib.DFLASH_STOP_CANCELLED: "cancelled",
+}
+
+
+@dataclass(frozen=True)
+class Stats:
+    """Counters and timings of one generation (milliseconds)."""
+
+    n_prompt: int
+    n_generated: int
+    n_verify_steps: int
+    n_drafted: int
+    n_accepted: int
+    stop_reason: str
+    t_prefill_ms: float
+    t_draft_ms: float
+    t_verify_ms: float
+    t_accept_ms: float
+    t_total_ms: float
+
+    @property
+    def tokens_per_second(self) -> float:
+        """Generation speed after prefill."""
+        decode_ms = self.t_total_ms - self.t_prefill_ms
+        return self.n_generated / (decode_ms / 1000.0) if decode_ms > 0 else 0.0
+
+    @property
+    def tau(self) -> float:
+        """Mean tokens committed per target verification step (1.0 for plain decoding)."""
+        steps = max(self.n_verify_steps, 1)
+        return self.n_generated / steps
+
+    @classmethod
+    def from_native(cls, st) -> "Stats":  # type: ignore[no-untyped-def]
+        return cls(
+            n_prompt=st.n_prompt,
+            n_generated=st.n_generated,
+            n_verify_steps=st.n_verify_steps,
+            n_drafted=st.n_drafted,
+            n_accepted=st.n_accepted,
+            stop_reason=STOP_REASONS.get(st.stop_reason, "none"),
+            t_prefill_ms=st.t_prefill_ms,
+            t_draft_ms=st.t_draft_ms,
+            t_verify_ms=st.t_verify_ms,
+            t_accept_ms=st.t_accept_ms,
+            t_total_ms=st.t_total_ms,
+        )
+
+
+@dataclass(frozen=True)
+class Result:
+    """The generated text, its tokens and the statistics of the run."""
+
+    text: str
+    tokens: list[int]
+    stats: Stats = field(repr=False)
+
+
+@dataclass(frozen=True)
+class SamplingOptions:
+    """Sampling and stopping options, validated in Python before reaching C."""
+
+    max_tokens: int = 256
+    temperature: float = 0.8
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+    seed: int = 0
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_tokens, int) or self.max_tokens < -1:
+            raise errors.InvalidArgumentError(f"max_tokens must be an int >= -1, got {self.max_tokens!r}")
+        if not isinstance(self.temperature, (int, float)) or self.temperature != self.temperature:
+            raise errors.InvalidArgumentError(f"temperature must be a number, got {self.temperature!r}")
+        if self.temperature < 0:
+            raise errors.InvalidArgumentError(f"temperature must be >= 0, got {self.temperature}")
+        if not isinstance(self.top_k, int) or self.top_k < 0:
+            raise errors.InvalidArgumentError(f"top_k must be an int >= 0, got {self.top_k!r}")
+        if not isinstance(self.top_p, (int, float)) or not 0.0 < self.top_p <= 1.0:
+            raise errors.InvalidArgumentError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if not isinstance(self.min_p, (int, float)) or not 0.0 <= self.min_p <= 1.0:
+            raise errors.InvalidArgumentError(f"min_p must be in [0, 1], got {self.min_p!r}")
+        if not isinstance(self.seed, int) or not 0 <= self.seed < 2**64:
+            raise errors.InvalidArgumentError(f"seed must be an int in [0, 2**64), got {self.seed!r}")
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            raise errors.InvalidArgumentError(f"stop strings must be non-empty str, got {self.stop!r}")
+
+    @classmethod
+    def build(cls, stop: str | Sequence[str] | None = None, **kwargs) -> "SamplingOptions":  # type: ignore[no-untyped-def]
+        stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
+        return cls(stop=stops, **kwargs)
+
+    def to_native(self, keepalive: list) -> object:
+        """A ``dflash_generate_params *``; ``keepalive`` holds the C strings for the call."""
+        params = ffi.new("dflash_generate_params *", lib.dflash_generate_default_params())
+        params.max_tokens = self.max_tokens
+        params.ignore_eos = self.ignore_eos
+        params.sampling.temperature = self.temperature
+        params.sampling.top_k = self.top_k
+        params.sampling.top_p = self.top_p
+        params.sampling.min_p = self.min_p
+        params.sampling.seed = self.seed
+        if self.stop:
+            c_strings = [ffi.new("char[]", s.encode("utf-8")) for s in self.stop]
+            array = ffi.new("const char *[]", c_strings)
+            keepalive.extend([c_strings, array])
+            params.stop = array
+            params.n_stop = len(self.stop)
+        keepalive.append(params)
+        return params
+
+
+NativeCall = Callable[[object, object, object, object], int]  # (params, callback, user_data, out**)
+
+
+def run(call: NativeCall, options: SamplingOptions, on_piece: Callable[[str], bool] | None = None) -> Result:
+    """Run one native generation; ``on_piece`` receives streamed text and may return False to stop."""
+    keepalive: list = []
+    params = options.to_native(keepalive)
+    decoder = _Utf8Pieces()
+    failure: list[BaseException] = []
+
+    def on_token(token: int, piece: bytes) -> bool:
+        if on_piece is None:
+            return True
+        try:
+            text = decoder.feed(piece)
+            return on_piece(text) is not False if text else True
+        except BaseException as exc:  # stop the native loop, re-raise below
+            failure.append(exc)
+            return False
+
+    handle = ffi.new_handle(on_token)
+    out = ffi.new("dflash_output **")
+    check(call(params, TOKEN_CALLBACK if on_piece else ffi.NULL, handle if on_piece else ffi.NULL, out))
+    try:
+        if failure:
+            raise failure[0]
+        n = ffi.new("int32_t *")
+        tokens_ptr = lib.dflash_output_tokens(out[0], n)
+        tokens = list(ffi.unpack(tokens_ptr, n[0])) if n[0] else []
+        n_bytes = ffi.new("size_t *")
+        text_ptr = lib.dflash_output_text(out[0], n_bytes)
+        text = ffi.unpack(text_ptr, n_bytes[0]).decode("utf-8", "replace")
+        stats = Stats.from_native(lib.dflash_output_stats(out[0]))
+    finally:
+        lib.dflash_output_free(out[0])
+    return Result(text=text, tokens=tokens, stats=stats)
+
+
+def stream(call: NativeCall, options: SamplingOptions, lock: threading.Lock) -> Iterator[str]:
+    """Yield text pieces as they are produced; closing the iterator cancels the generation.
+
+    The native loop runs on a worker thread (cffi releases the GIL during the call) and hands
+    pieces over a queue, so the caller sees tokens as soon as the C++ loop commits them.
+    """
+    pieces: queue.Queue = queue.Queue()
+    cancelled = threading.Event()
+    done = object()
+    outcome: list = []
+
+    def on_piece(text: str) -> bool:
+        pieces.put(text)
+        return not cancelled.is_set()
+
+    def worker() -> None:
+        try:
+            with lock:
+                outcome.append(run(call, options, on_piece))
+        except BaseException as exc:
+            outcome.append(exc)
+        finally:
+            pieces.put(done)
+
+    thread = threading.Thread(target=worker, name="pydflash-stream", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item = pieces.get()
+            if item is done:
+                break
+            yield item
+    finally:
+        cancelled.set()
+        thread.join()
+    if outcome and isinstance(outcome[0], BaseException):
+        raise outcome[0]
+
+
+class _Utf8Pieces:
+    """Incremental UTF-8 decoding of streamed bytes (pieces may split a character)."""
+
+    def __init__(self) -> None:
+        import codecs
+
+        self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
+
+    def feed(self, data: bytes) -> str:
+        return self._decoder.decode(data)

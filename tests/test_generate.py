@@ -1,0 +1,138 @@
+"""Plain generation: greedy output equals the shipped upstream llama-server's; stopping rules."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+from pydflash import Target
+from pydflash._tools import tool_path
+
+PROMPTS = [
+    "The capital of France is",
+    "def quicksort(arr):",
+    "Here is a list of fruits:\n1.",
+    "Q: What is 12 times 7?\nA:",
+]
+N_PREDICT = 32
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _post(url: str, body: dict) -> dict:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as resp:
+        return json.loads(resp.read())
+
+
+@pytest.fixture(scope="module")
+def upstream_server(smollm2_path):
+    port = _free_port()
+    proc = subprocess.Popen(
+        [str(tool_path("llama-server")), "-m", str(smollm2_path), "--host", "127.0.0.1", "--port", str(port),
+         "-c", "2048", "-t", "2", "-np", "1", "--no-webui"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"llama-server exited: {proc.stderr.read().decode()[-2000:]}")
+        try:
+            with urllib.request.urlopen(base + "/health", timeout=2) as resp:
+                if resp.status == 200:
+                    break
+        except OSError:
+            time.sleep(0.5)
+    else:
+        proc.kill()
+        raise RuntimeError("llama-server did not become healthy")
+    yield base
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_greedy_matches_upstream_llama_server(smollm2, upstream_server, prompt):
+    ref = _post(upstream_server + "/completion", {
+        "prompt": prompt, "n_predict": N_PREDICT, "temperature": 0, "cache_prompt": False,
+        "return_tokens": True, "ignore_eos": False,
+    })
+    ours = smollm2.generate(prompt, max_tokens=N_PREDICT, temperature=0)
+    assert ours.tokens[: len(ref["tokens"])] == ref["tokens"]
+    assert ours.text == ref["content"]
+
+
+def test_cli_generate_matches_upstream(smollm2_path, upstream_server):
+    prompt = PROMPTS[1]
+    ref = _post(upstream_server + "/completion", {"prompt": prompt, "n_predict": N_PREDICT, "temperature": 0,
+                                                  "cache_prompt": False})
+    proc = subprocess.run(
+        [sys.executable, "-m", "pydflash.cli", "generate", "-m", str(smollm2_path), "-p", prompt,
+         "-n", str(N_PREDICT), "--temp", "0", "-t", "2", "-c", "2048"],
+        capture_output=True, text=True, timeout=300, check=True,
+    )
+    assert proc.stdout == ref["content"] + "\n"
+    assert "tok/s" in proc.stderr
+
+
+def test_max_tokens_and_stop_reason(smollm2):
+    res = smollm2.generate("Count: one, two, three,", max_tokens=5, temperature=0, ignore_eos=True)
+    assert len(res.tokens) == 5 and res.stats.stop_reason == "length"
+    assert res.text == smollm2.detokenize(res.tokens)
+
+
+def test_stop_string_cuts_text(smollm2):
+    full = smollm2.generate("Count: one, two, three,", max_tokens=20, temperature=0)
+    assert "," in full.text
+    stop = full.text[full.text.index(",") :][:2]
+    res = smollm2.generate("Count: one, two, three,", max_tokens=20, temperature=0, stop=[stop])
+    assert res.stats.stop_reason == "stop"
+    assert res.text == full.text[: full.text.index(stop)]
+    assert stop not in res.text
+
+
+def test_stream_equals_generate(smollm2):
+    pieces = list(smollm2.stream("The capital of France is", max_tokens=16, temperature=0))
+    full = smollm2.generate("The capital of France is", max_tokens=16, temperature=0)
+    assert "".join(pieces) == full.text
+    assert len(pieces) > 1
+
+
+def test_stream_can_be_abandoned(smollm2):
+    it = smollm2.stream("Tell me a story.", max_tokens=200, temperature=0, ignore_eos=True)
+    first = next(it)
+    it.close()  # cancels the native loop
+    assert isinstance(first, str)
+    assert smollm2.generate("Hi", max_tokens=2, temperature=0).stats.n_generated == 2
+
+
+def test_seeded_sampling_is_reproducible(smollm2):
+    a = smollm2.generate("Once upon a time", max_tokens=16, temperature=1.0, seed=7)
+    b = smollm2.generate("Once upon a time", max_tokens=16, temperature=1.0, seed=7)
+    c = smollm2.generate("Once upon a time", max_tokens=16, temperature=1.0, seed=8)
+    assert a.tokens == b.tokens
+    assert a.tokens != c.tokens
+
+
+def test_chat_uses_the_model_template(smollm2):
+    text = smollm2.apply_chat_template([{"role": "user", "content": "Hello!"}])
+    assert "<|im_start|>user\nHello!<|im_end|>" in text and text.endswith("<|im_start|>assistant\n")
+    res = smollm2.chat([{"role": "user", "content": "What is 2+2?"}], max_tokens=16, temperature=0)
+    assert res.stats.n_prompt > 5 and res.tokens
+
+
+def test_tokenize_roundtrip(smollm2):
+    text = "Hello, wörld! 🚀 def f(x): return x**2"
+    toks = smollm2.tokenize(text, add_special=False)
+    assert smollm2.detokenize(toks) == text
