@@ -10,18 +10,23 @@ import os
 import sys
 from pathlib import Path
 
-BIN_DIR = Path(__file__).resolve().parent / "bin"
+import pydflash
 
 
 def tool_path(name: str) -> Path:
-    """Path of a shipped upstream tool (``llama-server`` or ``llama-quantize``)."""
-    path = BIN_DIR / name
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"{name} is not part of this pydflash install (expected at {path}); "
-            "rebuild with -DPYDFLASH_BUILD_TOOLS=ON"
-        )
-    return path
+    """Path of a shipped upstream tool (``llama-server`` or ``llama-quantize``).
+
+    The binaries live in ``pydflash/bin`` of the installed package; an editable install splits
+    the package over several directories, so every entry of ``pydflash.__path__`` is searched.
+    """
+    for root in pydflash.__path__:
+        path = Path(root) / "bin" / name
+        if path.is_file():
+            return path
+    raise FileNotFoundError(
+        f"{name} is not part of this pydflash install (looked in {list(pydflash.__path__)}); "
+        "rebuild with -DPYDFLASH_BUILD_TOOLS=ON"
+    )
 
 
 def _exec(name: str) -> None:

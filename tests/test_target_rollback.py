@@ -20,7 +20,7 @@ def test_rollback_then_regenerate_is_identical(smollm2):
     smollm2.decode(prompt)
     first = _greedy(smollm2, 24)
     seq = prompt + first
-    assert smollm2.seq_pos_max() == len(seq) - 2  # the last sampled token was decoded too
+    assert smollm2.seq_pos_max() == len(seq) - 1  # every sampled token was decoded too
 
     p = len(prompt) + 9
     smollm2.rollback(p)
@@ -29,8 +29,8 @@ def test_rollback_then_regenerate_is_identical(smollm2):
     smollm2.decode([11, 12, 13, 14])
     smollm2.rollback(p)
     smollm2.decode([seq[p]])
-    again = _greedy(smollm2, len(seq) - p - 2)
-    assert again == seq[p + 1 : len(seq) - 1]
+    again = _greedy(smollm2, len(seq) - p - 1)
+    assert again == seq[p + 1 :]
 
 
 def test_logits_after_rollback_equal_fresh_prefill(smollm2):
