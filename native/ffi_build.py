@@ -40,6 +40,7 @@ def main(header: str, out: str) -> None:
     ffi.cdef(cdef_from_header(Path(header).read_text()))
     # The streaming callback is implemented in Python (pydflash/_bindings.py).
     ffi.cdef('extern "Python" bool _pydflash_on_token(void *, int32_t, const char *, size_t);')
+    ffi.cdef('extern "Python" void _pydflash_on_progress(void *, int32_t, int32_t);')
     ffi.set_source("pydflash._native", '#include "dflash.h"')
     ffi.emit_c_code(out)
 

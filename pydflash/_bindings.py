@@ -64,6 +64,12 @@ def _pydflash_on_token(user_data, token, piece, n_piece):  # type: ignore[no-unt
     return bool(on_token(int(token), ffi.unpack(piece, n_piece) if n_piece else b""))
 
 
+@ffi.def_extern(onerror=lambda *exc: None)
+def _pydflash_on_progress(user_data, done, total):  # type: ignore[no-untyped-def]
+    """Trampoline for dflash_progress_callback."""
+    ffi.from_handle(user_data)(int(done), int(total))
+
+
 TOKEN_CALLBACK = lib._pydflash_on_token
 
 __all__ = ["ffi", "lib", "check", "read_string", "TOKEN_CALLBACK"]

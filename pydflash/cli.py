@@ -101,14 +101,19 @@ def build_parser() -> argparse.ArgumentParser:
     conv = sub.add_parser("convert", help="HF DFlash/DFlash2 checkpoint -> GGUF (see `pydflash convert -h`)",
                           add_help=False)
     conv.set_defaults(func=None)
+    sub.add_parser("quantize", help="quantize a GGUF: IN OUT [Q4_K_M|Q8_0|Q5_K_M|Q6_K|...]", add_help=False)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
-    if argv and argv[0] == "convert":  # the converter owns its flags
+    if argv and argv[0] in ("convert", "quantize"):  # these own their flags
         try:
+            if argv[0] == "quantize":
+                from . import quantize
+
+                return quantize.main(argv[1:])
             return cmd_convert(argparse.Namespace(), argv[1:])
         except errors.PydflashError as exc:
             print(f"pydflash: error: {exc}", file=sys.stderr)

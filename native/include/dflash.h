@@ -228,6 +228,22 @@ const char *         dflash_output_text(const dflash_output * output, size_t * n
 const dflash_stats * dflash_output_stats(const dflash_output * output);
 void                 dflash_output_free(dflash_output * output);
 
+/* ---------------------------------------------------------------------------------------------
+ * Quantization
+ * ------------------------------------------------------------------------------------------- */
+
+/* Progress of a long operation: `done` of `total` steps (tensors) finished. */
+typedef void (*dflash_progress_callback)(void * user_data, int32_t done, int32_t total);
+
+/* Quantize a GGUF (target or drafter) with libllama's own quantizer and its per-tensor type
+ * rules, so the output is byte-identical to the pinned `llama-quantize IN OUT TYPE`.
+ * type: "Q4_K_M", "Q4_K_S", "Q5_K_M", "Q5_K_S", "Q6_K", "Q8_0", "F16" or "BF16".
+ * Refuses already-quantized input unless allow_requantize. The output is written to
+ * "<out_path>.partial" and renamed into place on success. n_threads <= 0: all cores. */
+dflash_status dflash_quantize(const char * in_path, const char * out_path, const char * type,
+                              int32_t n_threads, bool allow_requantize,
+                              dflash_progress_callback progress, void * user_data);
+
 #ifdef __cplusplus
 }
 #endif

@@ -5,6 +5,7 @@
 #include "error.h"
 #include "generate.h"
 #include "output.h"
+#include "quantize.h"
 #include "target.h"
 
 #include <cstring>
@@ -229,5 +230,13 @@ const char * dflash_output_text(const dflash_output * output, size_t * n_bytes) 
 const dflash_stats * dflash_output_stats(const dflash_output * output) { return output ? &output->stats : nullptr; }
 
 void dflash_output_free(dflash_output * output) { delete output; }
+
+dflash_status dflash_quantize(const char * in_path, const char * out_path, const char * type, int32_t n_threads,
+                              bool allow_requantize, dflash_progress_callback progress, void * user_data) {
+    return guarded([&] {
+        dflash::install_llama_log(false);
+        dflash::quantize_gguf(in_path, out_path, type, n_threads, allow_requantize, progress, user_data);
+    });
+}
 
 }  // extern "C"

@@ -13,8 +13,20 @@ namespace {
 thread_local std::string g_last_error;
 thread_local std::string g_llama_errors;
 std::atomic<bool> g_verbose{false};
+thread_local dflash_progress_callback g_progress = nullptr;
+thread_local void * g_progress_user = nullptr;
+
+void report_progress(const char * text) {
+    int done = 0, total = 0;
+    if (g_progress && sscanf(text, "[%d/%d]", &done, &total) == 2 && total > 0) {
+        g_progress(g_progress_user, done, total);
+    }
+}
 
 void llama_log(ggml_log_level level, const char * text, void * /*user*/) {
+    if (level == GGML_LOG_LEVEL_INFO) {
+        report_progress(text);
+    }
     if (level == GGML_LOG_LEVEL_ERROR || level == GGML_LOG_LEVEL_WARN) {
         if (level == GGML_LOG_LEVEL_ERROR) {
             g_llama_errors += text;
@@ -56,6 +68,11 @@ std::string take_llama_log_errors() {
         out.pop_back();
     }
     return out;
+}
+
+void set_quantize_progress(dflash_progress_callback callback, void * user_data) {
+    g_progress = callback;
+    g_progress_user = user_data;
 }
 
 void install_llama_log(bool verbose) {

@@ -32,6 +32,10 @@ void clear_last_error();
 
 // The last error lines libllama/ggml logged on this thread (to explain a failed load).
 std::string take_llama_log_errors();
+
+// Forward libllama's per-tensor quantization log lines ("[ i/ n] name ...") to a progress
+// callback on this thread (nullptr: stop).
+void set_quantize_progress(dflash_progress_callback callback, void * user_data);
 void install_llama_log(bool verbose);
 
 }  // namespace dflash

@@ -1,0 +1,80 @@
+"""GGUF quantization (targets and drafters) through the native core.
+
+The work is done by libllama's own quantizer, called in-process through dflash.h (no shelling
+out), so the output is byte-identical to the pinned ``llama-quantize`` and its per-tensor type
+rules (use_more_bits for attn_v / ffn_down, fallbacks for rows not divisible by 256, 1-D tensors
+left unquantized) exist exactly once.
+
+DFlash2 tensors under those rules (Q4_K_M): the selector codebooks ``selector_predecessor`` /
+``selector_successor`` [r, V] and ``selector_hidden`` are ordinary 2-D weights and get the
+file type's default (Q4_K; rows of r < 256 values fall back to a 32-block type); the conv
+projections ``*_conv_proj`` likewise; the conv base kernels ``*_conv_base`` [H, T, 2] are
+quantized only if their row (H) is a multiple of the block size, as any 3-D tensor; norms stay
+F32. ``fc.weight`` follows the default rule too.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from . import errors
+from ._bindings import check, ffi, lib
+from ._progress import ProgressBar
+
+TYPES = ("Q4_K_M", "Q4_K_S", "Q5_K_M", "Q5_K_S", "Q6_K", "Q8_0", "F16", "BF16")
+
+
+def quantize(
+    in_path: str | os.PathLike,
+    out_path: str | os.PathLike,
+    type: str = "Q4_K_M",
+    *,
+    n_threads: int | None = None,
+    allow_requantize: bool = False,
+    progress: bool | None = None,
+) -> Path:
+    """Quantize a GGUF file.
+
+    Args:
+        in_path: F32/F16/BF16 GGUF (already-quantized input is refused unless allow_requantize).
+        out_path: where to write (atomically).
+        type: one of ``TYPES``.
+        progress: progress line on stderr (None: only on a terminal).
+    Returns:
+        the output path.
+    """
+    if type.upper() not in TYPES:
+        raise errors.InvalidArgumentError(f"unknown quantization type {type!r}; choose from {', '.join(TYPES)}")
+    if Path(in_path).resolve() == Path(out_path).resolve():
+        raise errors.InvalidArgumentError("input and output are the same file")
+    bar = ProgressBar(f"quantize {Path(in_path).name} -> {type}", 1, unit=" tensors", enabled=progress)
+
+    def on_progress(done: int, total: int) -> None:
+        bar.total = total
+        bar.update(done)
+
+    handle = ffi.new_handle(on_progress)
+    try:
+        check(lib.dflash_quantize(str(in_path).encode(), str(out_path).encode(), type.upper().encode(),
+                                  n_threads or 0, allow_requantize, lib._pydflash_on_progress, handle))
+    finally:
+        bar.close()
+    return Path(out_path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    p = argparse.ArgumentParser(prog="pydflash quantize", description=__doc__.split("\n\n")[0])
+    p.add_argument("input", help="F32/F16/BF16 GGUF")
+    p.add_argument("output", help="output GGUF")
+    p.add_argument("type", nargs="?", default="Q4_K_M", help=f"one of {', '.join(TYPES)} (default Q4_K_M)")
+    p.add_argument("-t", "--threads", type=int, default=None)
+    p.add_argument("--allow-requantize", action="store_true", help="accept already-quantized input")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress line")
+    args = p.parse_args(argv)
+    out = quantize(args.input, args.output, args.type, n_threads=args.threads,
+                   allow_requantize=args.allow_requantize, progress=False if args.quiet else None)
+    print(out)
+    return 0
