@@ -45,7 +45,6 @@ def tiny_config(kind: str = "dflash2", **overrides: Any) -> DFlashConfig:
         max_position_embeddings=4096,
         block_size=4,
         mask_token_id=95,
-        layer_types=("sliding_attention",) * 5,
         sliding_window=512,
         is_causal=False,
         output_multiplier=0.5,
@@ -58,6 +57,8 @@ def tiny_config(kind: str = "dflash2", **overrides: Any) -> DFlashConfig:
     elif kind != "dflash":
         raise ValueError(kind)
     base.update(overrides)
+    if "layer_types" not in overrides:
+        base["layer_types"] = ("sliding_attention",) * base["num_hidden_layers"]
     return DFlashConfig(**base)
 
 
