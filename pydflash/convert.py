@@ -44,13 +44,13 @@ import logging
 import os
 import struct
 import sys
-import tempfile
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from gguf import GGML_QUANT_VERSION, GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter, TokenType
+from gguf import GGML_QUANT_VERSION, GGMLQuantizationType, GGUFValueType, GGUFWriter, TokenType
 from gguf.quants import quant_shape_to_byte_shape, quantize
 
 from .gguf_layout import (
@@ -66,7 +66,18 @@ from .gguf_layout import (
 )
 from .reference.config import DFlashConfig, normalize_hf_name
 
-__all__ = ["TargetInfo", "convert", "main", "read_target_gguf", "read_target_hf", "validate_against_target"]
+__all__ = [
+    "TargetInfo",
+    "convert",
+    "main",
+    "GGUFHeader",
+    "GGUFTensorInfo",
+    "read_gguf_header",
+    "read_gguf_tensor",
+    "read_target_gguf",
+    "read_target_hf",
+    "validate_against_target",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -145,23 +156,115 @@ class TargetInfo:
     vocab_size: int
     rope_theta: float | None = None
     tokenizer: list[KV] = field(default_factory=list)
+    hidden_key: str = "hidden_size"  # where the sizes came from, for error messages
+    layers_key: str = "num_hidden_layers"
 
 
-def _field_kv(fld) -> KV:  # noqa: ANN001 - gguf ReaderField
-    """A GGUF metadata field as a KV with its exact types (strings kept as raw bytes)."""
-    main = fld.types[0]
-    if main == GGUFValueType.ARRAY:
-        sub = fld.types[-1]
-        if len(fld.types) != 2:
-            raise ValueError(f"nested array key {fld.name!r} cannot be copied")
-        if sub == GGUFValueType.STRING:
-            return KV(fld.name, [bytes(fld.parts[i]) for i in fld.data], main, sub)
-        if not fld.data:
-            return KV(fld.name, [], main, sub)
-        return KV(fld.name, np.concatenate([fld.parts[i] for i in fld.data]).tolist(), main, sub)
-    if main == GGUFValueType.STRING:
-        return KV(fld.name, bytes(fld.parts[-1]), main)
-    return KV(fld.name, fld.parts[-1].tolist()[0], main)
+_GGUF_SCALARS = {
+    GGUFValueType.UINT8: "<B", GGUFValueType.INT8: "<b", GGUFValueType.UINT16: "<H", GGUFValueType.INT16: "<h",
+    GGUFValueType.UINT32: "<I", GGUFValueType.INT32: "<i", GGUFValueType.FLOAT32: "<f", GGUFValueType.BOOL: "<?",
+    GGUFValueType.UINT64: "<Q", GGUFValueType.INT64: "<q", GGUFValueType.FLOAT64: "<d",
+}
+
+
+@dataclass(frozen=True)
+class GGUFTensorInfo:
+    """One tensor of a GGUF file: ggml shape (``ne``), type and absolute byte offset."""
+
+    name: str
+    ne: tuple[int, ...]
+    type: GGMLQuantizationType
+    offset: int
+
+    @property
+    def nbytes(self) -> int:
+        return _nbytes(tuple(reversed(self.ne)), self.type)
+
+
+@dataclass(frozen=True)
+class GGUFHeader:
+    """Metadata (exact types; strings as raw ``bytes``) and tensor directory of a GGUF file."""
+
+    path: Path
+    kv: dict[str, KV]
+    tensors: dict[str, GGUFTensorInfo]
+
+
+def read_gguf_header(path: str | os.PathLike[str]) -> GGUFHeader:
+    """Parse a little-endian GGUF's metadata and tensor infos with ``struct`` over an mmap.
+
+    ``gguf.GGUFReader`` builds a numpy view per string and needs seconds for a 150k-token
+    vocabulary; this reads the same header in tens of milliseconds.
+    """
+    import mmap
+
+    path = Path(path)
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        if buf[:4] != b"GGUF":
+            raise ValueError(f"{path} is not a GGUF file")
+        version, n_tensors, n_kv = struct.unpack_from("<IQQ", buf, 4)
+        if version & 0xFFFF == 0:
+            raise ValueError(f"{path} is a big-endian GGUF; only little-endian files are supported")
+        pos = 24
+
+        def unpack(fmt: str) -> tuple:
+            nonlocal pos
+            out = struct.unpack_from(fmt, buf, pos)
+            pos += struct.calcsize(fmt)
+            return out
+
+        def string() -> bytes:
+            nonlocal pos
+            (n,) = unpack("<Q")
+            pos += n
+            return bytes(buf[pos - n:pos])
+
+        kv: dict[str, KV] = {}
+        for _ in range(n_kv):
+            key = string().decode("utf-8")
+            vtype = GGUFValueType(unpack("<I")[0])
+            if vtype == GGUFValueType.STRING:
+                kv[key] = KV(key, string(), vtype)
+            elif vtype != GGUFValueType.ARRAY:
+                kv[key] = KV(key, unpack(_GGUF_SCALARS[vtype])[0], vtype)
+            else:
+                sub_raw, count = unpack("<IQ")
+                sub = GGUFValueType(sub_raw)
+                if sub == GGUFValueType.ARRAY:
+                    raise ValueError(f"{path}: nested array in key {key!r} is not supported")
+                if sub == GGUFValueType.STRING:
+                    items: list = [string() for _ in range(count)]
+                else:
+                    dt = np.dtype(_GGUF_SCALARS[sub].replace("?", "b1"))
+                    items = np.frombuffer(buf, dtype=dt, count=count, offset=pos).tolist()
+                    pos += dt.itemsize * count
+                kv[key] = KV(key, items, vtype, sub)
+
+        raw_infos = []
+        for _ in range(n_tensors):
+            name = string().decode("utf-8")
+            (n_dims,) = unpack("<I")
+            ne = unpack(f"<{n_dims}Q")
+            qtype, offset = unpack("<IQ")
+            raw_infos.append((name, tuple(int(n) for n in ne), GGMLQuantizationType(qtype), offset))
+    align_kv = kv.get("general.alignment")
+    align = int(align_kv.value) if align_kv is not None else 32
+    data_start = (pos + align - 1) // align * align
+    tensors = {n: GGUFTensorInfo(n, ne, q, data_start + off) for n, ne, q, off in raw_infos}
+    return GGUFHeader(path, kv, tensors)
+
+
+def read_gguf_tensor(header: GGUFHeader, name: str) -> np.ndarray:
+    """A tensor of the file as float32 in PyTorch order (``ne`` reversed), dequantized with gguf-py."""
+    from gguf.quants import dequantize
+
+    info = header.tensors[name]
+    shape = tuple(reversed(info.ne))
+    with open(header.path, "rb") as f:
+        f.seek(info.offset)
+        raw = np.fromfile(f, dtype=np.uint8, count=info.nbytes)
+    data = dequantize(raw.reshape(quant_shape_to_byte_shape(shape, info.type)), info.type)
+    return np.asarray(data, dtype=np.float32).reshape(shape)
 
 
 def read_target_gguf(path: str | os.PathLike[str]) -> TargetInfo:
@@ -169,28 +272,29 @@ def read_target_gguf(path: str | os.PathLike[str]) -> TargetInfo:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"target GGUF {path} not found")
-    reader = GGUFReader(str(path))
-    fields = reader.fields
+    meta = read_gguf_header(path).kv
 
     def scalar(key: str) -> object:
-        if key not in fields:
+        if key not in meta:
             raise ValueError(f"target GGUF {path.name} has no {key!r}; is it a llama.cpp model file?")
-        return fields[key].contents()
+        v = meta[key].value
+        return v.decode("utf-8") if isinstance(v, bytes) else v
 
     arch = str(scalar("general.architecture"))
-    tokenizer = [_field_kv(f) for name, f in fields.items()
-                 if name.startswith(Keys.TOKENIZER_PREFIX) and name != Keys.MASK_TOKEN_ID]
-    if "tokenizer.ggml.tokens" not in fields:
+    if "tokenizer.ggml.tokens" not in meta:
         raise ValueError(f"target GGUF {path.name} has no tokenizer.ggml.tokens (vocab-less file?)")
+    tokenizer = [kv for key, kv in meta.items() if key.startswith(Keys.TOKENIZER_PREFIX) and key != Keys.MASK_TOKEN_ID]
     rope_key = f"{arch}.rope.freq_base"
     return TargetInfo(
         source=str(path),
         arch=arch,
-        hidden_size=int(scalar(f"{arch}.embedding_length")),
-        n_layers=int(scalar(f"{arch}.block_count")),
-        vocab_size=len(fields["tokenizer.ggml.tokens"].data),
-        rope_theta=float(fields[rope_key].contents()) if rope_key in fields else None,
+        hidden_size=int(scalar(f"{arch}.embedding_length")),  # type: ignore[arg-type]
+        n_layers=int(scalar(f"{arch}.block_count")),  # type: ignore[arg-type]
+        vocab_size=len(meta["tokenizer.ggml.tokens"].value),
+        rope_theta=float(meta[rope_key].value) if rope_key in meta else None,
         tokenizer=tokenizer,
+        hidden_key=f"{arch}.embedding_length",
+        layers_key=f"{arch}.block_count",
     )
 
 
@@ -208,6 +312,9 @@ def read_target_hf(model_dir: str | os.PathLike[str]) -> TargetInfo:
                                     "(or use --target-gguf)")
     hp = json.loads(cfg_path.read_text(encoding="utf-8"))
     hp = {**hp, **hp.get("text_config", {})}
+    missing = [k for k in ("hidden_size", "num_hidden_layers", "vocab_size") if k not in hp]
+    if missing:
+        raise ValueError(f"{cfg_path} has no {missing}; pass the target as --target-gguf instead")
     tok = json.loads(tok_path.read_text(encoding="utf-8"))
     model = tok.get("model") or {}
     byte_level = "ByteLevel" in json.dumps(tok.get("pre_tokenizer")) or "ByteLevel" in json.dumps(tok.get("decoder"))
@@ -226,7 +333,7 @@ def read_target_hf(model_dir: str | os.PathLike[str]) -> TargetInfo:
     tokens = [by_id.get(i, (f"[PAD{i}]", int(TokenType.UNUSED))) for i in range(n_tokens)]
     merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges", [])]
 
-    arr, s, u32 = GGUFValueType.ARRAY, GGUFValueType.STRING, GGUFValueType.UINT32
+    arr, s = GGUFValueType.ARRAY, GGUFValueType.STRING
     kv = [
         KV("tokenizer.ggml.model", "gpt2", s),
         KV("tokenizer.ggml.pre", "default", s),
@@ -289,12 +396,12 @@ def validate_against_target(config: DFlashConfig, plan: Sequence[PlannedTensor],
     where = f"target {target.source} ({target.arch})"
     if config.hidden_size != target.hidden_size:
         problems.append(
-            f"drafter hidden_size {config.hidden_size} != target embedding_length {target.hidden_size} in {where}: "
-            "the drafter must be converted against the target it was trained for")
+            f"drafter hidden_size {config.hidden_size} != target embedding_length {target.hidden_size} "
+            f"({target.hidden_key}) in {where}: the drafter must be converted against the target it was trained for")
     bad = [i for i in config.target_layer_ids if i >= target.n_layers]
     if bad:
         problems.append(
-            f"target_layer_ids {bad} do not exist in {where} with {target.n_layers} layers (block_count); "
+            f"target_layer_ids {bad} do not exist in {where} with {target.n_layers} layers ({target.layers_key}); "
             "fix dflash_config.target_layer_ids or use the right target")
     if config.mask_token_id is not None and not 0 <= config.mask_token_id < target.vocab_size:
         problems.append(
@@ -393,9 +500,8 @@ def convert(
     types = [storage_type(t, out) for t in plan]
 
     outfile.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(dir=outfile.parent, prefix=f".{outfile.name}.", suffix=".tmp")
-    os.close(fd)
-    tmp = Path(tmp_name)
+    # a unique sibling (same filesystem for os.replace); created by open(), so the umask applies
+    tmp = outfile.with_name(f".{outfile.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
     try:
         _write(tmp, metadata, plan, types, index, progress)
         os.replace(tmp, outfile)

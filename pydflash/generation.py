@@ -39,6 +39,7 @@ class Stats:
     t_verify_ms: float
     t_accept_ms: float
     t_total_ms: float
+    accepted_per_position: tuple[int, ...] = ()
 
     @property
     def tokens_per_second(self) -> float:
@@ -66,6 +67,7 @@ class Stats:
             t_verify_ms=st.t_verify_ms,
             t_accept_ms=st.t_accept_ms,
             t_total_ms=st.t_total_ms,
+            accepted_per_position=tuple(st.n_accepted_per_pos[i] for i in range(16)),
         )
 
 

@@ -249,7 +249,8 @@ def plan_tensors(config: DFlashConfig, available: Mapping[str, Sequence[int]]) -
         problems.append(f"unexpected tensors: {unexpected}{hint}")
     for name, shape in shapes.items():
         if name in expected and shape != expected[name].torch_shape:
-            problems.append(f"tensor {name!r} has shape {list(shape)}, config implies {list(expected[name].torch_shape)}")
+            implied = list(expected[name].torch_shape)
+            problems.append(f"tensor {name!r} has shape {list(shape)}, config implies {implied}")
     if problems:
         raise ValueError("checkpoint does not match its config.json:\n  " + "\n  ".join(problems))
     return [t for n, t in expected.items() if n in shapes]

@@ -213,6 +213,23 @@ class Target:
         prompt = self.apply_chat_template(messages)
         return self.generate(self.tokenize(prompt, parse_special=True), **options)
 
+    def _generate_replay(self, prompt: Sequence[int], continuation: Sequence[int], *, offset: int,
+                         n_max: int = 7, n_min: int = 0, **options) -> Result:  # type: ignore[no-untyped-def]
+        """Testing hook: the speculative loop with scripted drafts (see dflash_target_generate_replay)."""
+        opts = SamplingOptions.build(**options)
+        tokens = list(prompt)
+        array = self._token_array(tokens, allow_empty=False)
+        script = self._token_array(continuation, allow_empty=True)
+        spec = ffi.new("dflash_spec_params *", {"n_max": n_max, "n_min": n_min})
+        handle = self._h()
+
+        def call(params, callback, user_data, out):  # type: ignore[no-untyped-def]
+            return lib.dflash_target_generate_replay(handle, array, len(tokens), script, len(continuation), offset,
+                                                     spec, params, callback, user_data, out)
+
+        with self._lock:
+            return generation.run(call, opts)
+
     def _generation(self, prompt: str | Sequence[int], options: dict):  # type: ignore[no-untyped-def]
         opts = SamplingOptions.build(**options)
         tokens = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)

@@ -204,6 +204,7 @@ typedef struct dflash_stats {
     double  t_verify_ms;
     double  t_accept_ms;
     double  t_total_ms;
+    int32_t n_accepted_per_pos[16];  /* how often the draft at position i+1 was accepted */
 } dflash_stats;
 
 /* Streaming: called once per committed token with the newly releasable UTF-8 text (may be empty
@@ -223,10 +224,50 @@ dflash_status dflash_target_generate(dflash_target * target, const int32_t * pro
                                      dflash_token_callback callback, void * user_data,
                                      dflash_output ** out);
 
+/* Speculative-loop settings (llama.cpp's --spec-draft-n-max / --spec-draft-n-min). */
+typedef struct dflash_spec_params {
+    int32_t n_max;   /* most drafts verified per step */
+    int32_t n_min;   /* shorter drafts are not verified */
+} dflash_spec_params;
+
+/* Testing hook for the speculative loop, independent of any neural drafter: drafts replay
+ * `continuation` (what plain decoding produced after the prompt) with every token shifted by
+ * `offset` (0: drafts are always right; 1: always wrong). At T > 0 the drafts are proposed
+ * with q = 1. */
+dflash_status dflash_target_generate_replay(dflash_target * target, const int32_t * prompt,
+                                            int32_t n_prompt, const int32_t * continuation,
+                                            int32_t n_continuation, int32_t offset,
+                                            const dflash_spec_params * spec,
+                                            const dflash_generate_params * params,
+                                            dflash_token_callback callback, void * user_data,
+                                            dflash_output ** out);
+
 const int32_t *      dflash_output_tokens(const dflash_output * output, int32_t * n_tokens);
 const char *         dflash_output_text(const dflash_output * output, size_t * n_bytes);
 const dflash_stats * dflash_output_stats(const dflash_output * output);
 void                 dflash_output_free(dflash_output * output);
+
+/* ---------------------------------------------------------------------------------------------
+ * Model inspection
+ * ------------------------------------------------------------------------------------------- */
+
+/* What libllama itself makes of a GGUF (any arch, drafters included): loading it through
+ * llama_model_load_from_file validates the arch, hyper-parameters and every tensor's shape. */
+typedef struct dflash_model_summary {
+    char     arch[64];             /* general.architecture */
+    int32_t  n_layer;
+    int32_t  n_embd;
+    int32_t  n_head;
+    int32_t  n_head_kv;
+    int32_t  n_vocab;
+    int32_t  token_mask;           /* tokenizer.ggml.mask_token_id as loaded (-1 if none) */
+    int32_t  selector_top_k;       /* DFlash2 selector top-k as loaded (0: not DFlash2) */
+    int32_t  n_target_layers;
+    int32_t  target_layers[64];    /* dflash.target_layers as loaded (stored ids, = HF id + 1) */
+    uint64_t n_params;
+} dflash_model_summary;
+
+dflash_status dflash_model_summarize(const char * path, dflash_model_summary * out);
 
 /* ---------------------------------------------------------------------------------------------
  * Quantization

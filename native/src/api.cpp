@@ -3,7 +3,7 @@
 #include "dflash.h"
 
 #include "error.h"
-#include "generate.h"
+#include "speculative.h"
 #include "output.h"
 #include "quantize.h"
 #include "target.h"
@@ -13,6 +13,7 @@
 
 namespace dflash {
 const char * last_error_cstr();
+void summarize_model(const char * path, dflash_model_summary & out);
 }
 
 using dflash::Error;
@@ -209,7 +210,23 @@ dflash_status dflash_target_generate(dflash_target * target, const int32_t * pro
     return guarded([&] {
         require(target && prompt && params && out, "NULL argument");
         *out = nullptr;
-        *out = dflash::generate_plain(target->impl, prompt, n_prompt, *params, callback, user_data).release();
+        *out = dflash::generate(target->impl, nullptr, {}, prompt, n_prompt, *params, callback, user_data).release();
+    });
+}
+
+dflash_status dflash_target_generate_replay(dflash_target * target, const int32_t * prompt, int32_t n_prompt,
+                                            const int32_t * continuation, int32_t n_continuation, int32_t offset,
+                                            const dflash_spec_params * spec, const dflash_generate_params * params,
+                                            dflash_token_callback callback, void * user_data, dflash_output ** out) {
+    return guarded([&] {
+        require(target && prompt && params && spec && out && (continuation || n_continuation == 0) &&
+                    n_continuation >= 0 && (offset == 0 || offset == 1),
+                "invalid replay arguments");
+        *out = nullptr;
+        dflash::ReplayDraftSource source(std::vector<int32_t>(continuation, continuation + n_continuation), offset,
+                                         target->impl.n_vocab());
+        const dflash::SpeculativeParams sp{spec->n_max, spec->n_min};
+        *out = dflash::generate(target->impl, &source, sp, prompt, n_prompt, *params, callback, user_data).release();
     });
 }
 
@@ -230,6 +247,14 @@ const char * dflash_output_text(const dflash_output * output, size_t * n_bytes) 
 const dflash_stats * dflash_output_stats(const dflash_output * output) { return output ? &output->stats : nullptr; }
 
 void dflash_output_free(dflash_output * output) { delete output; }
+
+dflash_status dflash_model_summarize(const char * path, dflash_model_summary * out) {
+    return guarded([&] {
+        require(out != nullptr, "out is NULL");
+        dflash::install_llama_log(false);
+        dflash::summarize_model(path, *out);
+    });
+}
 
 dflash_status dflash_quantize(const char * in_path, const char * out_path, const char * type, int32_t n_threads,
                               bool allow_requantize, dflash_progress_callback progress, void * user_data) {

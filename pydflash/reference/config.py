@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from os import PathLike
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 __all__ = ["ARCH_DFLASH", "ARCH_DFLASH2", "DFlashConfig", "DEFAULT_BLOCK_SIZE", "normalize_hf_name"]
 
@@ -130,7 +131,7 @@ class DFlashConfig:
     # --- parsing -----------------------------------------------------------------------
 
     @classmethod
-    def from_hf(cls, config: Mapping[str, Any]) -> "DFlashConfig":
+    def from_hf(cls, config: Mapping[str, Any]) -> DFlashConfig:
         """Parse a Hugging Face DFlash / DFlash2 ``config.json`` dict."""
         hp = dict(config)
         dc = dict(hp.get("dflash_config") or {})
@@ -232,7 +233,7 @@ class DFlashConfig:
         )
 
     @classmethod
-    def from_pretrained(cls, model_dir: str | PathLike[str]) -> "DFlashConfig":
+    def from_pretrained(cls, model_dir: str | PathLike[str]) -> DFlashConfig:
         """Read ``<model_dir>/config.json``."""
         path = Path(model_dir) / "config.json"
         if not path.is_file():

@@ -19,10 +19,11 @@ names, so checkpoints load with ``load_state_dict(strict=True)``.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from os import PathLike
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import numpy as np
 import torch
@@ -226,7 +227,7 @@ class TargetWeights:
     @classmethod
     def from_arrays(
         cls, embed_tokens: ArrayLike, lm_head: ArrayLike | None = None, dtype: torch.dtype = torch.float32
-    ) -> "TargetWeights":
+    ) -> TargetWeights:
         """From numpy/torch arrays; ``lm_head=None`` means tied embeddings."""
         embed = torch.as_tensor(np.asarray(embed_tokens) if not isinstance(embed_tokens, Tensor) else embed_tokens)
         head = embed if lm_head is None else torch.as_tensor(
@@ -237,25 +238,18 @@ class TargetWeights:
         return cls(embed.to(dtype), head.to(dtype))
 
     @classmethod
-    def from_gguf(cls, path: str | PathLike[str], dtype: torch.dtype = torch.float32) -> "TargetWeights":
+    def from_gguf(cls, path: str | PathLike[str], dtype: torch.dtype = torch.float32) -> TargetWeights:
         """Dequantize ``token_embd.weight`` and ``output.weight`` (tied if absent) from a target GGUF."""
-        import gguf  # numpy-only; imported lazily so the reference needs it only here
+        from ..convert import read_gguf_header, read_gguf_tensor  # numpy + gguf only
 
-        reader = gguf.GGUFReader(str(path))
-        tensors = {t.name: t for t in reader.tensors}
-        if "token_embd.weight" not in tensors:
-            raise ValueError(f"{path} has no token_embd.weight")
-
-        def load(name: str) -> np.ndarray:
-            t = tensors[name]
-            data = gguf.quants.dequantize(np.asarray(t.data), t.tensor_type)
-            return data.reshape(tuple(int(n) for n in reversed(t.shape))).astype(np.float32)
-
-        embed = load("token_embd.weight")
-        head = load("output.weight") if "output.weight" in tensors else None
+        header = read_gguf_header(path)
+        if "token_embd.weight" not in header.tensors:
+            raise ValueError(f"target GGUF {path} has no token_embd.weight")
+        embed = read_gguf_tensor(header, "token_embd.weight")
+        head = read_gguf_tensor(header, "output.weight") if "output.weight" in header.tensors else None
         return cls.from_arrays(embed, head, dtype)
 
-    def to(self, dtype: torch.dtype) -> "TargetWeights":
+    def to(self, dtype: torch.dtype) -> TargetWeights:
         return TargetWeights(self.embed_tokens.to(dtype), self.lm_head.to(dtype))
 
 
@@ -284,7 +278,7 @@ class DFlashDrafter(nn.Module):
     @classmethod
     def from_config(
         cls, config: DFlashConfig, seed: int = 0, dtype: torch.dtype = torch.float32, device: str | None = None
-    ) -> "DFlashDrafter":
+    ) -> DFlashDrafter:
         """A drafter with seeded random weights (the same values for every dtype).
 
         Scales keep activations O(1): matrices ~ N(0, 1/fan_in), norm weights ~ 1 + 0.1 N,
@@ -302,7 +296,7 @@ class DFlashDrafter(nn.Module):
         return model.to(dtype)
 
     @classmethod
-    def from_pretrained(cls, model_dir: str | PathLike[str], dtype: torch.dtype = torch.float32) -> "DFlashDrafter":
+    def from_pretrained(cls, model_dir: str | PathLike[str], dtype: torch.dtype = torch.float32) -> DFlashDrafter:
         """Load ``config.json`` + ``*.safetensors`` from an HF DFlash / DFlash2 checkpoint directory.
 
         Accepts names with or without a ``model.`` prefix and codebooks with or without
@@ -381,7 +375,6 @@ class DFlashDrafter(nn.Module):
                 visible &= (k_pos - q_pos) < window
         return visible
 
-    @torch.no_grad()
     def forward_block(
         self,
         context_features: ArrayLike,
@@ -390,7 +383,22 @@ class DFlashDrafter(nn.Module):
         block_start_pos: int,
         target: TargetWeights,
     ) -> tuple[Tensor, Tensor]:
-        """Run one block.
+        """Run one block without autograd (see :meth:`forward` for the arguments).
+
+        Returns (final-normed hidden ``[B, H]``, transformed logits ``[B, V]``) in the model dtype.
+        """
+        with torch.no_grad():
+            return self.forward(context_features, context_positions, block_tokens, block_start_pos, target)
+
+    def forward(
+        self,
+        context_features: ArrayLike,
+        context_positions: ArrayLike,
+        block_tokens: ArrayLike,
+        block_start_pos: int,
+        target: TargetWeights,
+    ) -> tuple[Tensor, Tensor]:
+        """Run one block (differentiable).
 
         Args:
             context_features: ``[n_ctx, L*H]`` target features F_p of the committed rows
@@ -415,8 +423,6 @@ class DFlashDrafter(nn.Module):
             h = layer(h, ctx, rope, self.attention_mask(i, ctx_pos, blk_pos))
         hidden = self.norm(h)
         return hidden, self.logits(hidden, target)
-
-    forward = forward_block
 
     @torch.no_grad()
     def propose(

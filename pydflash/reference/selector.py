@@ -219,6 +219,9 @@ class CandidateSelector(nn.Module):
 
     def lattice(self, hidden: Tensor, logits: Tensor, anchor: int) -> tuple[Tensor, Tensor]:
         """(candidates [N, K], lattice [N, K, K]) for proposal slots' hidden [N, H] and logits [N, V]."""
+        if logits.shape[-1] != self.predecessor_codebook.shape[0]:
+            raise ValueError(f"logits cover {logits.shape[-1]} tokens but the selector codebooks have "
+                             f"{self.predecessor_codebook.shape[0]} rows: the target vocab must match the drafter's")
         candidates, unary = top_k_candidates(logits, self.top_k)
         projected = self.hidden_projection(hidden)
         lattice = build_lattice(
