@@ -44,7 +44,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
             result = target.generate(tokens, **options)
             sys.stdout.write(result.text)
         else:
-            from .generation import SamplingOptions, run
+            from .generation import run
 
             call, opts = target._generation(tokens, options)
 

@@ -53,6 +53,7 @@ import numpy as np
 from gguf import GGML_QUANT_VERSION, GGMLQuantizationType, GGUFValueType, GGUFWriter, TokenType
 from gguf.quants import quant_shape_to_byte_shape, quantize
 
+from ._progress import ProgressBar
 from .gguf_layout import (
     ARCH,
     KV,
@@ -407,9 +408,8 @@ def validate_against_target(config: DFlashConfig, plan: Sequence[PlannedTensor],
         problems.append(
             f"mask_token_id {config.mask_token_id} is outside the target vocabulary ({target.vocab_size} tokens in "
             f"{where}); fix dflash_config.mask_token_id or use the right target")
-    vocab_tensors = [t.hf_name for t in plan if t.torch_shape[0] == config.vocab_size and
-                     t.gguf_name in ("selector_predecessor.weight", "selector_successor.weight",
-                                     "token_embd.weight", "output.weight")]
+    vocab_rows = ("selector_predecessor.weight", "selector_successor.weight", "token_embd.weight", "output.weight")
+    vocab_tensors = [t.hf_name for t in plan if t.gguf_name in vocab_rows]  # [vocab_size, ...] by the plan
     if vocab_tensors and config.vocab_size != target.vocab_size:
         problems.append(
             f"{vocab_tensors} have {config.vocab_size} rows but {where} has {target.vocab_size} tokens; "
@@ -440,15 +440,6 @@ def _encode(data: np.ndarray, qtype: GGMLQuantizationType, name: str) -> np.ndar
 
 def _nbytes(shape: tuple[int, ...], qtype: GGMLQuantizationType) -> int:
     return int(np.prod(quant_shape_to_byte_shape(shape, qtype)))
-
-
-def _progress(enabled: bool | None, total: int):  # noqa: ANN202 - tqdm or a no-op
-    show = sys.stderr.isatty() if enabled is None else enabled
-    if not show:
-        return None
-    from tqdm import tqdm
-
-    return tqdm(total=total, unit="B", unit_scale=True, desc="dflash gguf", file=sys.stderr)
 
 
 def convert(
@@ -520,7 +511,7 @@ def _write(path: Path, metadata: list[KV], plan: Sequence[PlannedTensor], types:
     sizes = [_nbytes(t.torch_shape, q) for t, q in zip(plan, types)]
     for t, q, n in zip(plan, types, sizes):
         writer.add_tensor_info(t.gguf_name, t.torch_shape, np.dtype(np.float32), n, raw_dtype=q)
-    bar = _progress(progress, sum(sizes))
+    bar = ProgressBar("dflash gguf", sum(sizes), unit=" MB", scale=1024 * 1024, enabled=progress)
     try:
         writer.write_header_to_file(path)
         writer.write_kv_data_to_file()
@@ -528,15 +519,13 @@ def _write(path: Path, metadata: list[KV], plan: Sequence[PlannedTensor], types:
         for t, q in zip(plan, types):
             data = _encode(_load_f32(index[t.hf_name]), q, t.hf_name)
             writer.write_tensor_data(data)
-            if bar is not None:
-                bar.update(data.nbytes)
+            bar.advance(data.nbytes)
         writer.flush()
         assert writer.fout is not None
         os.fsync(writer.fout[0].fileno())
     finally:
         writer.close()
-        if bar is not None:
-            bar.close()
+        bar.close()
 
 
 # --- CLI -----------------------------------------------------------------------------------

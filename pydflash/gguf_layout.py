@@ -139,7 +139,7 @@ def _selector_hidden(c: DFlashConfig) -> tuple[int, int]:
 _A, _2, _O = Need.ALWAYS, Need.DFLASH2, Need.OPTIONAL
 
 # Provenance: names from llama.cpp llama-arch.cpp / gguf-py constants.py (LLM_TENSOR_*),
-# HF names from the published DFlash2 safetensors header (/work/shared/reference) and the
+# HF names from the published DFlash2 safetensors header (tests/data, copied from the project's shared reference) and the
 # v1 checkpoints; shapes as created in src/models/dflash.cpp load_arch_tensors.
 TENSOR_RULES: tuple[TensorRule, ...] = (
     # shipped only by drafters with their own vocab handling (TENSOR_NOT_REQUIRED upstream)

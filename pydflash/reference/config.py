@@ -135,6 +135,10 @@ class DFlashConfig:
         """Parse a Hugging Face DFlash / DFlash2 ``config.json`` dict."""
         hp = dict(config)
         dc = dict(hp.get("dflash_config") or {})
+        required = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
+        absent = [k for k in required if k not in hp]
+        if absent:
+            raise ValueError(f"config.json lacks {absent}: not a DFlash drafter config")
 
         def value(name: str, default: Any = None) -> Any:
             return dc[name] if name in dc else hp.get(name, default)
