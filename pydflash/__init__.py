@@ -17,12 +17,15 @@ from .errors import (
     PydflashError,
     UnsupportedError,
 )
+from .drafter import Drafter, DrafterInfo
 from .generation import Result, SamplingOptions, Stats
 from .target import Target, TargetInfo
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "Drafter",
+    "DrafterInfo",
     "Target",
     "TargetInfo",
     "Result",

@@ -2,13 +2,17 @@
 // of its own lives here.
 #include "dflash.h"
 
+#include "drafter.h"
 #include "error.h"
 #include "generate.h"
 #include "output.h"
 #include "quantize.h"
 #include "target.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <memory>
 #include <new>
 
 namespace dflash {
@@ -21,6 +25,10 @@ using dflash::fail;
 struct dflash_target {
     dflash::Target impl;
     dflash_target(const char * path, const dflash_target_params & p) : impl(path, p) {}
+};
+
+struct dflash_drafter {
+    std::unique_ptr<dflash::Drafter> impl;
 };
 
 namespace {
@@ -237,6 +245,99 @@ dflash_status dflash_quantize(const char * in_path, const char * out_path, const
         dflash::install_llama_log(false);
         dflash::quantize_gguf(in_path, out_path, type, n_threads, allow_requantize, progress, user_data);
     });
+}
+
+dflash_drafter_params dflash_drafter_default_params(void) {
+    dflash_drafter_params p{};
+    p.n_ctx     = 4096;
+    p.n_threads = 0;
+    p.seed      = 0;
+    return p;
+}
+
+dflash_status dflash_drafter_load(const char * path, const char * target_gguf_path,
+                                  const dflash_drafter_params * params, dflash_drafter ** out) {
+    return guarded([&] {
+        require(out != nullptr, "out is NULL");
+        *out = nullptr;
+        dflash::install_llama_log(false);
+        const dflash_drafter_params p = params ? *params : dflash_drafter_default_params();
+        require(p.n_ctx >= 0, "n_ctx must not be negative");
+        auto d = std::make_unique<dflash_drafter>();
+        d->impl = dflash::Drafter::load(path, target_gguf_path, p);
+        *out = d.release();
+    });
+}
+
+void dflash_drafter_free(dflash_drafter * drafter) { delete drafter; }
+
+dflash_status dflash_drafter_get_info(const dflash_drafter * drafter, dflash_drafter_info * out) {
+    return guarded([&] {
+        require(drafter && out, "drafter or out is NULL");
+        *out = drafter->impl->info();
+    });
+}
+
+dflash_status dflash_drafter_target_layers(const dflash_drafter * drafter, const int32_t ** layers, int32_t * n_layers) {
+    return guarded([&] {
+        require(drafter && layers && n_layers, "NULL argument");
+        const auto & tl = drafter->impl->hparams().target_layers;
+        *layers = tl.data();
+        *n_layers = int32_t(tl.size());
+    });
+}
+
+dflash_status dflash_drafter_inject(dflash_drafter * drafter, const float * features, const int32_t * positions,
+                                    int32_t n_rows) {
+    return guarded([&] {
+        require(drafter != nullptr, "drafter is NULL");
+        require(n_rows >= 0 && (n_rows == 0 || (features && positions)), "features or positions is NULL");
+        drafter->impl->inject(features, positions, n_rows);
+    });
+}
+
+dflash_status dflash_drafter_crop(dflash_drafter * drafter, int32_t n_keep) {
+    return guarded([&] {
+        require(drafter != nullptr, "drafter is NULL");
+        drafter->impl->crop(n_keep);
+    });
+}
+
+dflash_status dflash_drafter_forward(dflash_drafter * drafter, int32_t anchor, int32_t start_pos, int32_t n_block,
+                                     float * hidden, float * logits) {
+    return guarded([&] {
+        require(drafter != nullptr, "drafter is NULL");
+        const dflash::BlockOutput & o = drafter->impl->forward_block(anchor, start_pos, n_block);
+        if (hidden) {
+            std::copy(o.hidden.begin(), o.hidden.end(), hidden);
+        }
+        if (logits) {
+            std::copy(o.logits.begin(), o.logits.end(), logits);
+        }
+    });
+}
+
+dflash_status dflash_drafter_propose(dflash_drafter * drafter, int32_t anchor, int32_t start_pos, int32_t n_block,
+                                     float temperature, int32_t * tokens, float * q, int32_t * candidates) {
+    return guarded([&] {
+        require(drafter && tokens, "drafter or tokens is NULL");
+        require(std::isfinite(temperature), "temperature must be finite");
+        dflash::Drafter & d = *drafter->impl;
+        const dflash::Proposal p = d.propose(anchor, start_pos, n_block, temperature, d.rng());
+        std::copy(p.tokens.begin(), p.tokens.end(), tokens);
+        if (q) {
+            std::copy(p.q.begin(), p.q.end(), q);
+        }
+        if (candidates && !p.candidates.empty()) {
+            std::copy(p.candidates.begin(), p.candidates.end(), candidates);
+        }
+    });
+}
+
+void dflash_drafter_set_seed(dflash_drafter * drafter, uint64_t seed) {
+    if (drafter) {
+        drafter->impl->rng().seed(seed);
+    }
 }
 
 }  // extern "C"
