@@ -68,6 +68,9 @@ class Drafter:
         n_ctx: context rows the drafter cache holds.
         n_threads: CPU threads (None: all cores).
         seed: RNG seed of sampled proposals.
+        exact_head: compute the logits with F32 activations (the target's quantized head rows
+            dequantized on the fly; slower). Default: ggml's quantized mat-mul, as llama.cpp,
+            which rounds the activations to 8 bits (~1e-3 relative error per logit).
     Raises:
         MismatchError: the drafter does not belong to the target (hidden size, vocabulary, layers).
     """
@@ -80,6 +83,7 @@ class Drafter:
         n_ctx: int = 4096,
         n_threads: int | None = None,
         seed: int = 0,
+        exact_head: bool = False,
     ) -> None:
         self._handle = ffi.NULL
         self._lock = threading.Lock()
@@ -99,6 +103,7 @@ class Drafter:
         params.n_ctx = n_ctx
         params.n_threads = n_threads or 0
         params.seed = seed & 0xFFFFFFFFFFFFFFFF
+        params.exact_head = bool(exact_head)
         out = ffi.new("dflash_drafter **")
         check(lib.dflash_drafter_load(self.path.encode(), self.target_path.encode(), params, out))
         self._handle = out[0]

@@ -250,6 +250,9 @@ typedef struct dflash_drafter_params {
     int32_t  n_ctx;         /* context rows the drafter cache holds (0 = 4096) */
     int32_t  n_threads;     /* CPU threads (<= 0: all cores) */
     uint64_t seed;          /* RNG of sampled proposals */
+    bool     exact_head;    /* logits with F32 activations, the target's head rows dequantized on
+                             * the fly (CPU; slower). false: ggml's quantized mat-mul as llama.cpp
+                             * does, which rounds the activations to 8 bits for a quantized head */
 } dflash_drafter_params;
 
 typedef struct dflash_drafter_info {

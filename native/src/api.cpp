@@ -252,6 +252,7 @@ dflash_drafter_params dflash_drafter_default_params(void) {
     p.n_ctx     = 4096;
     p.n_threads = 0;
     p.seed      = 0;
+    p.exact_head = false;
     return p;
 }
 

@@ -141,7 +141,7 @@ const BlockOutput & Drafter::forward_block(int32_t anchor, int32_t start_pos, in
     }
 
     ggml_context_ptr ctx = graph_context(graph_meta_);
-    BlockGraph g = build_block_graph(ctx.get(), hp_, w_, cache_, n_past, n_block);
+    BlockGraph g = build_block_graph(ctx.get(), hp_, w_, cache_, n_past, n_block, exact_head_);
     if (!ggml_gallocr_alloc_graph(galloc_.get(), g.gf)) {
         fail(DFLASH_ERR_BACKEND, "cannot allocate the block graph");
     }

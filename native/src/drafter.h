@@ -138,6 +138,7 @@ private:
     BlockOutput    out_;
     int32_t        n_threads_ = 1;
     int32_t        n_batch_ = 512;  // most context rows per injection graph
+    bool           exact_head_ = false;
     std::mt19937_64 rng_;
 
     ggml_backend_ptr            backend_;
@@ -178,7 +179,8 @@ struct InjectGraph {
 
 InjectGraph build_inject_graph(ggml_context * ctx, const DrafterHparams & hp, const DrafterWeights & w,
                                const DrafterCache & cache, int32_t n_past, int32_t n);
+// exact_head: logits with F32 activations (see head_exact_op) instead of ggml's quantized mul_mat.
 BlockGraph  build_block_graph(ggml_context * ctx, const DrafterHparams & hp, const DrafterWeights & w,
-                              const DrafterCache & cache, int32_t n_past, int32_t n);
+                              const DrafterCache & cache, int32_t n_past, int32_t n, bool exact_head);
 
 }  // namespace dflash

@@ -11,7 +11,11 @@
 // ("attn_conv_in-0", ...) so graph dumps read like the spec.
 #include "drafter.h"
 
+#include "ggml-cpu.h"
+
+#include <algorithm>
 #include <cmath>
+#include <vector>
 
 namespace dflash {
 
@@ -105,6 +109,41 @@ ggml_tensor * build_attention(ggml_context * ctx, const DrafterHparams & hp, con
     return ggml_mul_mat(ctx, L.wo, cur);
 }
 
+// logits[v, i] = W[v] . h[i] with F32 activations: each weight row is dequantized on the fly
+// (no copy of the head is kept) and dotted with ggml's F32 kernel. ggml's quantized mul_mat
+// instead rounds the activations to the weight's 8-bit dot type, a ~1e-3 relative error on
+// every logit that is enough to reorder near-tied selector candidates. CPU only.
+void head_exact_op(ggml_tensor * dst, int ith, int nth, void * /*userdata*/) {
+    const ggml_tensor * w = dst->src[0];  // [H, V], any type
+    const ggml_tensor * h = dst->src[1];  // [H, n] F32, contiguous
+    const int64_t H = w->ne[0], V = w->ne[1], n = h->ne[1];
+    const int64_t per_thread = (V + nth - 1) / nth;
+    const int64_t v0 = per_thread * ith, v1 = std::min(V, v0 + per_thread);
+    ggml_to_float_t to_float = w->type == GGML_TYPE_F32 ? nullptr : ggml_get_type_traits(w->type)->to_float;
+    ggml_vec_dot_t dot = ggml_get_type_traits_cpu(GGML_TYPE_F32)->vec_dot;
+    std::vector<float> row(to_float ? size_t(H) : 0);
+    float * out = static_cast<float *>(dst->data);
+    for (int64_t v = v0; v < v1; ++v) {
+        const char * src = static_cast<const char *>(w->data) + v * w->nb[1];
+        const float * wr = reinterpret_cast<const float *>(src);
+        if (to_float) {
+            to_float(src, row.data(), H);
+            wr = row.data();
+        }
+        for (int64_t i = 0; i < n; ++i) {
+            dot(int(H), out + i * V + v, 0, wr, 0, static_cast<const char *>(h->data) + i * h->nb[1], 0, 1);
+        }
+    }
+}
+
+ggml_tensor * build_head(ggml_context * ctx, ggml_tensor * w, ggml_tensor * h, bool exact) {
+    if (!exact || w->type == GGML_TYPE_F32) {
+        return ggml_mul_mat(ctx, w, h);
+    }
+    ggml_tensor * args[2] = {w, h};
+    return ggml_custom_4d(ctx, GGML_TYPE_F32, w->ne[1], h->ne[1], 1, 1, args, 2, head_exact_op, GGML_N_TASKS_MAX, nullptr);
+}
+
 ggml_tensor * new_input(ggml_context * ctx, ggml_type type, int64_t ne0, int64_t ne1, const char * name) {
     ggml_tensor * t = ne1 > 0 ? ggml_new_tensor_2d(ctx, type, ne0, ne1) : ggml_new_tensor_1d(ctx, type, ne0);
     ggml_set_name(t, name);
@@ -142,7 +181,7 @@ InjectGraph build_inject_graph(ggml_context * ctx, const DrafterHparams & hp, co
 }
 
 BlockGraph build_block_graph(ggml_context * ctx, const DrafterHparams & hp, const DrafterWeights & w,
-                             const DrafterCache & cache, int32_t n_past, int32_t n) {
+                             const DrafterCache & cache, int32_t n_past, int32_t n, bool exact_head) {
     BlockGraph g;
     g.gf = ggml_new_graph_custom(ctx, kGraphSize, false);
     g.in.tokens    = new_input(ctx, GGML_TYPE_I32, n, 0, "tokens");
@@ -208,7 +247,7 @@ BlockGraph build_block_graph(ggml_context * ctx, const DrafterHparams & hp, cons
     ggml_build_forward_expand(g.gf, g.hidden);
 
     // z = mu * (W_out h); softcap c: z = c * tanh(z / c)
-    ggml_tensor * logits = ggml_mul_mat(ctx, w.output, g.hidden);
+    ggml_tensor * logits = build_head(ctx, w.output, g.hidden, exact_head);
     if (hp.logit_scale != 1.0f) {
         logits = ggml_scale(ctx, logits, hp.logit_scale);
     }

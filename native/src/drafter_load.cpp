@@ -289,7 +289,9 @@ struct DrafterLoader {
         d.ctx_weights_.reset(ggml_init(ip));
 
         DrafterWeights & w = d.w_;
-        w.fc              = tensor("fc.weight", {hp.n_feat(), H});
+        // F32 whatever the file holds: raw target features carry massive activations that an 8-bit
+        // activation rounding (quantized mul_mat) would smear over their whole block
+        w.fc              = tensor("fc.weight", {hp.n_feat(), H}, true, true);
         w.enc_output_norm = tensor("enc.output_norm.weight", {H}, true, true);
         w.output_norm     = tensor("output_norm.weight", {H}, true, true);
         w.layers.resize(hp.n_layer);
@@ -378,6 +380,7 @@ std::unique_ptr<Drafter> Drafter::load(const char * path, const char * target_pa
     std::unique_ptr<Drafter> d(new Drafter());
     d->n_threads_ = params.n_threads > 0 ? params.n_threads : int32_t(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)));
     d->rng_.seed(params.seed);
+    d->exact_head_ = params.exact_head;
     const int32_t n_ctx = params.n_ctx > 0 ? params.n_ctx : 4096;
 
     d->backend_.reset(ggml_backend_cpu_init());

@@ -1,0 +1,260 @@
+"""The native drafter (ggml graphs + host selector) against the float64 torch reference.
+
+Tiny random DFlash2 / v1 checkpoints shaped for SmolLM2-135M (H 576, vocab 49152) are converted
+with our converter to F32 GGUFs and run next to the real SmolLM2 GGUF, whose Q8_0 embedding
+and tied head the native drafter borrows (mapped) and the reference dequantizes. Same context
+features, same positions; hidden states and logits must agree to NMSE 1e-6 and greedy selector
+paths exactly.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import pydflash
+from pydflash import Drafter
+from pydflash.convert import convert
+from pydflash.quantize import quantize
+from pydflash.reference import DFlashDrafter, TargetWeights
+
+from fixtures_tiny import smollm2_drafter_config, tiny_config, write_checkpoint, write_hf_target_dir
+
+H, VOCAB, N_LAYER_TARGET = 576, 49152, 30
+BLOCK = 8
+
+
+def smol_config(kind: str = "dflash2", **overrides):
+    """Two layers (one sliding with a short window, so the window is exercised), block 8, mu, softcap, alpha."""
+    cfg = dict(
+        num_hidden_layers=2,
+        intermediate_size=128,
+        block_size=BLOCK,
+        layer_types=("sliding_attention", "full_attention"),
+        sliding_window=24,
+        is_causal=False,
+        output_multiplier=0.7,
+        final_logit_softcapping=12.0,
+        input_embedding_scale=1.3,
+    )
+    if kind == "dflash":
+        cfg.update(conv_kernel_size=None, conv_group_size=None, selector_rank=None, selector_top_k=None)
+    cfg.update(overrides)
+    return smollm2_drafter_config(**cfg)
+
+
+def nmse(got: np.ndarray, ref: np.ndarray) -> float:
+    ref = np.asarray(ref, dtype=np.float64)
+    return float(np.sum((np.asarray(got, dtype=np.float64) - ref) ** 2) / np.sum(ref**2))
+
+
+@pytest.fixture(scope="module")
+def smol_target(smollm2_path):
+    return TargetWeights.from_gguf(smollm2_path, dtype=torch.float64)
+
+
+def _build(tmp: Path, kind: str, target_path: Path, seed: int = 0, **overrides):
+    ckpt = tmp / f"{kind}-ckpt"
+    write_checkpoint(ckpt, smol_config(kind, **overrides), seed=seed, dtype=torch.float32)
+    gguf = convert(ckpt, tmp / f"{kind}-f32.gguf", target_gguf=target_path, outtype="f32", progress=False)
+    ref = DFlashDrafter.from_pretrained(ckpt, dtype=torch.float64)
+    return gguf, ref
+
+
+@pytest.fixture(scope="module")
+def dflash2(tmp_path_factory, smollm2_path):
+    return _build(tmp_path_factory.mktemp("dflash2"), "dflash2", smollm2_path)
+
+
+@pytest.fixture(scope="module")
+def dflash1(tmp_path_factory, smollm2_path):
+    return _build(tmp_path_factory.mktemp("dflash1"), "dflash", smollm2_path, seed=1)
+
+
+def random_context(n: int, seed: int, n_taps: int = 3) -> np.ndarray:
+    """Feature rows with O(1) entries and a few "massive activations" as real targets have."""
+    rng = np.random.default_rng(seed)
+    feats = rng.standard_normal((n, n_taps * H)).astype(np.float32)
+    feats[:, rng.integers(0, n_taps * H, size=4)] *= 50.0
+    return feats
+
+
+def reference_block(ref, feats, positions, anchor, start, target, n_block=BLOCK):
+    tokens = [anchor] + [ref.config.mask_token_id] * (n_block - 1)
+    hidden, logits = ref.forward_block(torch.from_numpy(feats.astype(np.float64)), positions, tokens, start, target)
+    return hidden, logits
+
+
+# --- parity -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["dflash2", "dflash"])
+def test_forward_matches_reference(kind, dflash2, dflash1, smollm2_path, smol_target):
+    gguf, ref = dflash2 if kind == "dflash2" else dflash1
+    n_ctx, anchor = 40, 1234
+    feats = random_context(n_ctx, seed=3)
+    positions = np.arange(n_ctx)
+    with Drafter(gguf, smollm2_path, n_ctx=256, n_threads=2) as d:
+        assert d.info.is_dflash2 == (kind == "dflash2")
+        assert d.target_layers == tuple(i + 1 for i in ref.config.target_layer_ids)
+        d.inject(feats, positions)
+        assert d.n_context == n_ctx
+        hidden, logits = d.forward(anchor, n_ctx, BLOCK)
+        proposal = d.propose(anchor, n_ctx, BLOCK, temperature=0.0)
+    ref_hidden, ref_logits = reference_block(ref, feats, positions, anchor, n_ctx, smol_target)
+    print(f"{kind}: hidden NMSE {nmse(hidden, ref_hidden.numpy()):.3g}, logits NMSE {nmse(logits, ref_logits.numpy()):.3g}")
+    assert nmse(hidden, ref_hidden.numpy()) <= 1e-6
+    assert nmse(logits, ref_logits.numpy()) <= 1e-5
+    ref_prop = ref.propose(ref_hidden, ref_logits, anchor, temperature=0.0)
+    np.testing.assert_array_equal(proposal.tokens, ref_prop.tokens.numpy())
+    if kind == "dflash2":
+        np.testing.assert_array_equal(proposal.candidates, ref_prop.candidates.numpy())
+        assert np.all(proposal.q.max(axis=1) == 1.0)
+
+
+def test_greedy_paths_identical_over_many_blocks(dflash2, smollm2_path, smol_target):
+    gguf, ref = dflash2
+    rng = np.random.default_rng(11)
+    feats = random_context(64, seed=5)
+    with Drafter(gguf, smollm2_path, n_ctx=256, n_threads=2) as d:
+        for round_ in range(12):
+            n_ctx = int(rng.integers(1, 64))
+            anchor = int(rng.integers(0, VOCAB))
+            d.crop(0)
+            d.inject(feats[:n_ctx], np.arange(n_ctx))
+            got = d.propose(anchor, n_ctx, BLOCK)
+            hid, log = reference_block(ref, feats[:n_ctx], np.arange(n_ctx), anchor, n_ctx, smol_target)
+            want = ref.propose(hid, log, anchor)
+            np.testing.assert_array_equal(got.tokens, want.tokens.numpy(), err_msg=f"round {round_}")
+
+
+def test_chunked_injection_and_crop_equal_one_shot(dflash2, smollm2_path):
+    gguf, _ = dflash2
+    feats = random_context(50, seed=7)
+    anchor, n_ctx = 77, 40
+    with Drafter(gguf, smollm2_path, n_ctx=128, n_threads=2) as one:
+        one.inject(feats[:n_ctx], np.arange(n_ctx))
+        want_h, want_l = one.forward(anchor, n_ctx)
+    with Drafter(gguf, smollm2_path, n_ctx=128, n_threads=2) as two:
+        two.inject(feats[:25], np.arange(25))
+        two.forward(anchor, 25)  # a block in between must leave no trace
+        two.inject(feats[25:50], np.arange(25, 50))  # 10 rows past the committed ones ...
+        assert two.n_context == 50
+        two.crop(n_ctx)  # ... are dropped again
+        assert two.n_context == n_ctx
+        got_h, got_l = two.forward(anchor, n_ctx)
+    assert nmse(got_h, want_h) <= 1e-12
+    assert nmse(got_l, want_l) <= 1e-12
+
+
+def test_sampled_walk_q_matches_reference_lattice(dflash2, smollm2_path, smol_target):
+    gguf, ref = dflash2
+    feats = random_context(30, seed=9)
+    anchor, temperature = 4321, 0.8
+    with Drafter(gguf, smollm2_path, n_ctx=64, n_threads=2, seed=123) as d:
+        d.inject(feats, np.arange(30))
+        prop = d.propose(anchor, 30, BLOCK, temperature=temperature)
+    hid, log = reference_block(ref, feats, np.arange(30), anchor, 30, smol_target)
+    cands, lattice = ref.candidate_selector.lattice(hid[1:], log[1:], anchor)
+    np.testing.assert_array_equal(prop.candidates, cands.numpy())
+    prev = 0
+    for j in range(BLOCK - 1):
+        want_q = torch.softmax(lattice[j, prev] / temperature, dim=-1).numpy()
+        np.testing.assert_allclose(prop.q[j], want_q, rtol=1e-4, atol=1e-6)
+        assert prop.tokens[j] in prop.candidates[j]
+        prev = int(np.flatnonzero(prop.candidates[j] == prop.tokens[j])[0])
+
+
+def test_q8_0_drafter_greedy_paths_agree(dflash2, tmp_path, smollm2_path, smol_target):
+    gguf, ref = dflash2
+    q8 = quantize(gguf, tmp_path / "dflash2-q8_0.gguf", "Q8_0", progress=False)
+    rng = np.random.default_rng(21)
+    feats = random_context(96, seed=13)
+    agree = total = 0
+    with Drafter(q8, smollm2_path, n_ctx=128, n_threads=2) as d:
+        for _ in range(30):
+            n_ctx = int(rng.integers(1, 96))
+            anchor = int(rng.integers(0, VOCAB))
+            d.crop(0)
+            d.inject(feats[:n_ctx], np.arange(n_ctx))
+            got = d.propose(anchor, n_ctx, BLOCK)
+            hid, log = reference_block(ref, feats[:n_ctx], np.arange(n_ctx), anchor, n_ctx, smol_target)
+            want = ref.propose(hid, log, anchor).tokens.numpy()
+            agree += int(np.sum(got.tokens == want))
+            total += len(want)
+    assert agree / total >= 0.99, f"{agree}/{total} slots agree"
+
+
+def test_real_target_taps(dflash2, smollm2, smol_target):
+    """Features captured from SmolLM2 itself (the layer inputs the drafter names)."""
+    gguf, ref = dflash2
+    with Drafter(gguf, smollm2.path, n_ctx=256, n_threads=2) as d:
+        prompt = smollm2.tokenize("The quick brown fox jumps over the lazy dog because")
+        smollm2.rollback(0)
+        smollm2.set_taps(d.target_layers)
+        try:
+            smollm2.decode(prompt)
+            feats = np.concatenate([smollm2.tap_rows(i) for i in range(len(d.target_layers))], axis=1)
+        finally:
+            smollm2.set_taps([])
+            smollm2.rollback(0)
+        n = len(prompt)
+        anchor = prompt[-1]
+        d.inject(feats[:-1], np.arange(n - 1))
+        hidden, logits = d.forward(anchor, n - 1)
+        prop = d.propose(anchor, n - 1)
+    ref_h, ref_l = reference_block(ref, feats[:-1], np.arange(n - 1), anchor, n - 1, smol_target)
+    assert nmse(hidden, ref_h.numpy()) <= 1e-6
+    assert nmse(logits, ref_l.numpy()) <= 1e-6
+    np.testing.assert_array_equal(prop.tokens, ref.propose(ref_h, ref_l, anchor).tokens.numpy())
+
+
+# --- errors -------------------------------------------------------------------------------
+
+
+def test_hidden_size_mismatch(tmp_path, smollm2_path):
+    target_dir = tmp_path / "tiny-target"
+    write_hf_target_dir(target_dir, vocab_size=96, hidden_size=64, n_layers=4)
+    ckpt = tmp_path / "tiny"
+    write_checkpoint(ckpt, tiny_config(), dtype=torch.float32)
+    gguf = convert(ckpt, tmp_path / "tiny.gguf", target_model_dir=target_dir, outtype="f32", progress=False)
+    with pytest.raises(pydflash.MismatchError, match="hidden size 64"):
+        Drafter(gguf, smollm2_path)
+
+
+def test_tapped_layer_beyond_target(tmp_path, smollm2_path, dflash2):
+    gguf, _ = dflash2
+    # a 20-layer "target" with the same shape facts as SmolLM2 but fewer layers than the drafter taps
+    import gguf as gg
+
+    fake = tmp_path / "short-target.gguf"
+    w = gg.GGUFWriter(str(fake), "llama")
+    w.add_block_count(20)
+    w.add_embedding_length(H)
+    w.add_tensor("token_embd.weight", np.zeros((VOCAB, H), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(pydflash.MismatchError, match="taps target layer 27"):
+        Drafter(gguf, fake)
+
+
+def test_bad_calls(dflash2, smollm2_path):
+    gguf, _ = dflash2
+    with Drafter(gguf, smollm2_path, n_ctx=8, n_threads=1) as d:
+        with pytest.raises(pydflash.InvalidArgumentError):
+            d.inject(np.zeros((2, 5), np.float32), [0, 1])
+        with pytest.raises(pydflash.ContextFullError):
+            d.inject(random_context(9, seed=0), np.arange(9))
+        with pytest.raises(pydflash.InvalidArgumentError):
+            d.forward(0, 0, BLOCK + 1)
+        with pytest.raises(pydflash.InvalidArgumentError):
+            d.forward(VOCAB, 0)
+    with pytest.raises(pydflash.ClosedError):
+        d.forward(0, 0)
+    with pytest.raises(pydflash.ModelFormatError):
+        Drafter(smollm2_path, smollm2_path)  # a target is not a drafter
