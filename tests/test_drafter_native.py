@@ -120,6 +120,53 @@ def test_forward_matches_reference(kind, dflash2, dflash1, smollm2_path, smol_ta
         assert np.all(proposal.q.max(axis=1) == 1.0)
 
 
+@pytest.mark.parametrize("n_block", [1, 2, 5])
+def test_short_blocks(n_block, dflash2, smollm2_path, smol_target):
+    """Runtime blocks shorter than the trained one; n_block <= T leaves later taps on padding only."""
+    gguf, ref = dflash2
+    feats = random_context(20, seed=4)
+    with Drafter(gguf, smollm2_path, n_ctx=64, n_threads=2, exact_head=True) as d:
+        d.inject(feats, np.arange(20))
+        hidden, logits = d.forward(99, 20, n_block)
+        prop = d.propose(99, 20, n_block)
+    ref_h, ref_l = reference_block(ref, feats, np.arange(20), 99, 20, smol_target, n_block=n_block)
+    assert hidden.shape == (n_block, H)
+    assert nmse(hidden, ref_h.numpy()) <= 1e-6
+    assert nmse(logits, ref_l.numpy()) <= 1e-6
+    assert len(prop.tokens) == n_block - 1
+    if n_block > 1:
+        np.testing.assert_array_equal(prop.tokens, ref.propose(ref_h, ref_l, 99).tokens.numpy())
+
+
+def test_causal_drafter(tmp_path, smollm2_path, smol_target):
+    gguf, ref = _build(tmp_path, "dflash2", smollm2_path, seed=2, is_causal=True)
+    feats = random_context(30, seed=6)
+    with Drafter(gguf, smollm2_path, n_ctx=64, n_threads=2, exact_head=True) as d:
+        d.inject(feats, np.arange(30))
+        hidden, logits = d.forward(5, 30)
+    ref_h, ref_l = reference_block(ref, feats, np.arange(30), 5, 30, smol_target)
+    assert nmse(hidden, ref_h.numpy()) <= 1e-6
+    assert nmse(logits, ref_l.numpy()) <= 1e-6
+
+
+def test_non_finite_features_are_sanitised(dflash2, smollm2_path):
+    gguf, _ = dflash2
+    clean = random_context(12, seed=8)
+    dirty = clean.copy()
+    dirty[3, 10] = np.nan
+    dirty[5, 20] = 1e9
+    dirty[7, 30] = -np.inf
+    clean[3, 10], clean[5, 20], clean[7, 30] = 0.0, 65504.0, -65504.0
+    outs = []
+    for feats in (dirty, clean):
+        with Drafter(gguf, smollm2_path, n_ctx=16, n_threads=2) as d:
+            d.inject(feats, np.arange(12))
+            outs.append(d.forward(3, 12))
+    assert np.all(np.isfinite(outs[0][1]))
+    np.testing.assert_array_equal(outs[0][0], outs[1][0])
+    np.testing.assert_array_equal(outs[0][1], outs[1][1])
+
+
 def test_default_head_matches_reference_within_activation_rounding(dflash2, smollm2_path, smol_target):
     gguf, ref = dflash2
     feats = random_context(40, seed=3)
