@@ -94,26 +94,41 @@ struct Meta {
 
     bool flag(const std::string & key, bool def) const {
         const int64_t id = find(key);
-        return id < 0 ? def : gguf_get_val_bool(ctx, id);
+        if (id < 0) {
+            return def;
+        }
+        if (gguf_get_kv_type(ctx, id) != GGUF_TYPE_BOOL) {
+            fail(DFLASH_ERR_FORMAT, "'%s': '%s' is not a bool", path.c_str(), key.c_str());
+        }
+        return gguf_get_val_bool(ctx, id);
     }
 
-    std::string str(const std::string & key) const { return gguf_get_val_str(ctx, need(key)); }
+    std::string str(const std::string & key) const {
+        const int64_t id = need(key);
+        if (gguf_get_kv_type(ctx, id) != GGUF_TYPE_STRING) {  // gguf_get_val_str would abort
+            fail(DFLASH_ERR_FORMAT, "'%s': '%s' is not a string", path.c_str(), key.c_str());
+        }
+        return gguf_get_val_str(ctx, id);
+    }
 
     std::vector<int64_t> int_array(const std::string & key) const {
         const int64_t id = need(key);
         if (gguf_get_kv_type(ctx, id) != GGUF_TYPE_ARRAY) {
             fail(DFLASH_ERR_FORMAT, "'%s': '%s' is not an array", path.c_str(), key.c_str());
         }
+        const gguf_type type = gguf_get_arr_type(ctx, id);
+        if (type != GGUF_TYPE_INT32 && type != GGUF_TYPE_UINT32 && type != GGUF_TYPE_INT64 && type != GGUF_TYPE_BOOL) {
+            fail(DFLASH_ERR_FORMAT, "'%s': '%s' is not an integer array", path.c_str(), key.c_str());
+        }
         const size_t n = gguf_get_arr_n(ctx, id);
         const void * data = gguf_get_arr_data(ctx, id);
         std::vector<int64_t> out(n);
         for (size_t i = 0; i < n; ++i) {
-            switch (gguf_get_arr_type(ctx, id)) {
+            switch (type) {
                 case GGUF_TYPE_INT32:  out[i] = static_cast<const int32_t *>(data)[i]; break;
                 case GGUF_TYPE_UINT32: out[i] = static_cast<const uint32_t *>(data)[i]; break;
                 case GGUF_TYPE_INT64:  out[i] = static_cast<const int64_t *>(data)[i]; break;
-                case GGUF_TYPE_BOOL:   out[i] = static_cast<const int8_t *>(data)[i] != 0; break;
-                default: fail(DFLASH_ERR_FORMAT, "'%s': '%s' has an unsupported element type", path.c_str(), key.c_str());
+                default:               out[i] = static_cast<const int8_t *>(data)[i] != 0; break;  // bool
             }
         }
         return out;
