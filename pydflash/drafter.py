@@ -170,6 +170,23 @@ class Drafter:
             check(lib.dflash_drafter_inject(self._h(), ffi.from_buffer("float[]", feats),
                                             ffi.from_buffer("int32_t[]", pos), feats.shape[0]))
 
+    def inject_taps(self, taps: "list[np.ndarray]", positions: np.ndarray | list[int]) -> None:
+        """Append committed rows given per tap: ``taps[k]`` [n, H] for ``target_layers[k]``
+        (what ``Target.tap_rows(k)`` returns after ``Target.set_taps(drafter.target_layers)``)."""
+        arrays = [np.ascontiguousarray(t, dtype=np.float32) for t in taps]
+        pos = np.ascontiguousarray(positions, dtype=np.int32).reshape(-1)
+        if len(arrays) != self.info.n_target_layers:
+            raise errors.InvalidArgumentError(
+                f"{len(arrays)} tap arrays given, the drafter reads {self.info.n_target_layers} target layers")
+        for a in arrays:
+            if a.shape != (pos.shape[0], self.info.n_embd):
+                raise errors.InvalidArgumentError(
+                    f"each tap must be [{pos.shape[0]}, {self.info.n_embd}], got {list(a.shape)}")
+        pointers = ffi.new("float *[]", [ffi.from_buffer("float[]", a) for a in arrays])
+        with self._lock:
+            check(lib.dflash_drafter_inject_taps(self._h(), pointers, len(arrays),
+                                                 ffi.from_buffer("int32_t[]", pos), pos.shape[0]))
+
     def crop(self, n_keep: int) -> None:
         """Keep only the first ``n_keep`` context rows."""
         with self._lock:

@@ -287,9 +287,15 @@ def test_real_target_taps(dflash2, smollm2, smol_target):
             smollm2.rollback(0)
         n = len(prompt)
         anchor = prompt[-1]
-        d.inject(feats[:-1], np.arange(n - 1))
+        taps = [feats[:-1, k * H:(k + 1) * H] for k in range(len(d.target_layers))]
+        d.inject_taps(taps, np.arange(n - 1))  # per-tap arrays, as the target hands them out
         hidden, logits = d.forward(anchor, n - 1)
         prop = d.propose(anchor, n - 1)
+        d.crop(0)
+        d.inject(feats[:-1], np.arange(n - 1))  # concatenated rows: the same cache
+        hidden2, logits2 = d.forward(anchor, n - 1)
+        np.testing.assert_array_equal(hidden2, hidden)
+        np.testing.assert_array_equal(logits2, logits)
     ref_h, ref_l = reference_block(ref, feats[:-1], np.arange(n - 1), anchor, n - 1, smol_target)
     assert nmse(hidden, ref_h.numpy()) <= 1e-6
     assert nmse(logits, ref_l.numpy()) <= 1e-6

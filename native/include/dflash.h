@@ -296,6 +296,12 @@ dflash_status dflash_drafter_target_layers(const dflash_drafter * drafter, const
 dflash_status dflash_drafter_inject(dflash_drafter * drafter, const float * features,
                                     const int32_t * positions, int32_t n_rows);
 
+/* The same rows given per tap: taps[k] is [n_rows x n_embd] for target layer k of
+ * dflash_drafter_target_layers() (as dflash_target_tap_rows() returns them); n_taps must equal
+ * n_target_layers. */
+dflash_status dflash_drafter_inject_taps(dflash_drafter * drafter, const float * const * taps,
+                                         int32_t n_taps, const int32_t * positions, int32_t n_rows);
+
 /* Keep only the first n_keep context rows (no-op if fewer are held). */
 dflash_status dflash_drafter_crop(dflash_drafter * drafter, int32_t n_keep);
 

@@ -297,6 +297,15 @@ dflash_status dflash_drafter_inject(dflash_drafter * drafter, const float * feat
     });
 }
 
+dflash_status dflash_drafter_inject_taps(dflash_drafter * drafter, const float * const * taps, int32_t n_taps,
+                                         const int32_t * positions, int32_t n_rows) {
+    return guarded([&] {
+        require(drafter != nullptr, "drafter is NULL");
+        require(n_rows >= 0 && (n_rows == 0 || (taps && positions)), "taps or positions is NULL");
+        drafter->impl->inject_taps(taps, n_taps, positions, n_rows);
+    });
+}
+
 dflash_status dflash_drafter_crop(dflash_drafter * drafter, int32_t n_keep) {
     return guarded([&] {
         require(drafter != nullptr, "drafter is NULL");

@@ -63,8 +63,9 @@ static ggml_context_ptr graph_context(std::vector<uint8_t> & scratch) {
     return ggml_context_ptr(ggml_init(ip));
 }
 
-void Drafter::inject(const float * features, const int32_t * positions, int32_t n) {
-    if (n < 0 || (n > 0 && (!features || !positions))) {
+template <typename Fill>
+void Drafter::inject_rows(const int32_t * positions, int32_t n, Fill && fill) {
+    if (n < 0 || (n > 0 && !positions)) {
         fail(DFLASH_ERR_INVALID_ARGUMENT, "inject: invalid rows (n = %d)", n);
     }
     if (n_context() + n > cache_.n_ctx) {
@@ -76,8 +77,7 @@ void Drafter::inject(const float * features, const int32_t * positions, int32_t 
             fail(DFLASH_ERR_INVALID_ARGUMENT, "inject: negative position %d at row %d", positions[i], i);
         }
     }
-    const int64_t width = hp_.n_feat();
-    std::vector<float> clean;
+    std::vector<float> rows;
     for (int32_t done = 0; done < n;) {
         const int32_t chunk = std::min(n_batch_, n - done);
         ggml_context_ptr ctx = graph_context(graph_meta_);
@@ -85,15 +85,46 @@ void Drafter::inject(const float * features, const int32_t * positions, int32_t 
         if (!ggml_gallocr_alloc_graph(galloc_.get(), g.gf)) {
             fail(DFLASH_ERR_BACKEND, "cannot allocate the injection graph");
         }
-        const float * src = features + size_t(done) * width;
-        clean.resize(size_t(chunk) * width);
-        std::transform(src, src + clean.size(), clean.begin(), sanitize);
-        ggml_backend_tensor_set(g.in.features, clean.data(), 0, clean.size() * sizeof(float));
+        rows.resize(size_t(chunk) * hp_.n_feat());
+        fill(done, chunk, rows.data());
+        std::transform(rows.begin(), rows.end(), rows.begin(), sanitize);
+        ggml_backend_tensor_set(g.in.features, rows.data(), 0, rows.size() * sizeof(float));
         ggml_backend_tensor_set(g.in.positions, positions + done, 0, size_t(chunk) * sizeof(int32_t));
         compute(g.gf);
         cache_.pos.insert(cache_.pos.end(), positions + done, positions + done + chunk);
         done += chunk;
     }
+}
+
+void Drafter::inject(const float * features, const int32_t * positions, int32_t n) {
+    if (n > 0 && !features) {
+        fail(DFLASH_ERR_INVALID_ARGUMENT, "inject: features is NULL");
+    }
+    const size_t width = size_t(hp_.n_feat());
+    inject_rows(positions, n, [&](int32_t first, int32_t count, float * out) {
+        std::copy(features + size_t(first) * width, features + size_t(first + count) * width, out);
+    });
+}
+
+void Drafter::inject_taps(const float * const * taps, int32_t n_taps, const int32_t * positions, int32_t n) {
+    if (n_taps != int32_t(hp_.target_layers.size())) {
+        fail(DFLASH_ERR_INVALID_ARGUMENT, "inject: %d tap arrays given, the drafter reads %zu target layers", n_taps,
+             hp_.target_layers.size());
+    }
+    for (int32_t k = 0; n > 0 && k < n_taps; ++k) {
+        if (!taps || !taps[k]) {
+            fail(DFLASH_ERR_INVALID_ARGUMENT, "inject: tap array %d is NULL", k);
+        }
+    }
+    const size_t H = size_t(hp_.n_embd);
+    inject_rows(positions, n, [&](int32_t first, int32_t count, float * out) {
+        for (int32_t i = 0; i < count; ++i) {
+            for (int32_t k = 0; k < n_taps; ++k) {  // row i = [tap 0 | tap 1 | ...]
+                const float * src = taps[k] + size_t(first + i) * H;
+                std::copy(src, src + H, out + (size_t(i) * n_taps + k) * H);
+            }
+        }
+    });
 }
 
 void Drafter::crop(int32_t n_keep) {

@@ -113,6 +113,9 @@ public:
     // Append feature rows [n, L*H] (row-major F32) at `positions` to the context cache.
     // Non-finite values are sanitised (NaN -> 0, clamp to +-65504) before fusing.
     void inject(const float * features, const int32_t * positions, int32_t n);
+    // The same from per-tap arrays: taps[k] is [n, H] for target layer target_layers[k] (what the
+    // target's tap capture returns), so the loop needs no concatenation copy of its own.
+    void inject_taps(const float * const * taps, int32_t n_taps, const int32_t * positions, int32_t n);
     // Keep only the first n_keep context rows (no-op when fewer are held).
     void crop(int32_t n_keep);
 
@@ -130,6 +133,8 @@ public:
 private:
     Drafter() = default;
     void compute(ggml_cgraph * gf);
+    // fill(first_row, n_rows, out) writes rows [first_row, first_row + n_rows) as [n_rows, L*H] F32
+    template <typename Fill> void inject_rows(const int32_t * positions, int32_t n, Fill && fill);
     void read_codebook_row(const ggml_tensor * t, int32_t id, float * out) const;
 
     DrafterHparams hp_;
