@@ -15,6 +15,7 @@
 #pragma once
 
 #include "dflash.h"
+#include "gguf_meta.h"
 #include "selector.h"
 
 #include "ggml-alloc.h"
@@ -88,16 +89,6 @@ struct BlockOutput {
     std::vector<float> hidden;     // [n_block, H] final-normed
     std::vector<float> logits;     // [n_block, V] with logit scale + softcap
     std::vector<float> projected;  // [n_block, r] = W_h hidden (DFlash2)
-};
-
-// Read-only mapping of a whole file.
-struct MappedFile {
-    void * addr = nullptr;
-    size_t size = 0;
-    MappedFile(const char * path, const char * what);
-    ~MappedFile();
-    MappedFile(const MappedFile &) = delete;
-    MappedFile & operator=(const MappedFile &) = delete;
 };
 
 class Drafter {
