@@ -75,11 +75,13 @@ struct DrafterWeights {
     ggml_tensor * output = nullptr;    // [H, V]
 };
 
-// Context K/V of committed rows, one [head_dim, n_head_kv, n_ctx] F32 pair per layer.
+// Context K/V of committed rows per layer: k [head_dim, n_head_kv, rows], v transposed
+// [rows, head_dim, n_head_kv] (F32). rows = n_ctx + block_size: a block's own K/V use the
+// scratch rows after the committed ones during its forward.
 struct DrafterCache {
     std::vector<ggml_tensor *> k, v;
-    std::vector<int32_t>       pos;  // position of every held row, in injection order
-    int32_t                    n_ctx = 0;
+    std::vector<int32_t>       pos;  // position of every committed row, in injection order
+    int32_t                    n_ctx = 0;  // most committed rows
 };
 
 // What one block forward produced (rows = block slots; slot 0 = anchor).

@@ -1,7 +1,7 @@
 // The drafter's two ggml graphs, written to read like spec §1:
 //
 //   inject: g = RMSNorm(W_fc F; hidden_norm); per layer K = RoPE(k_norm(W_k g), p), V = W_v g
-//           -> appended to the context cache at rows n_past..n_past+n-1
+//           -> stored as context cache rows n_past..n_past+n-1
 //   block:  h = E[x] * alpha; per layer
 //               a = norm(h); [conv_0]; o = Attn(Q(a'), [K_ctx ; K(a')], [V_ctx ; V(a')]); [conv_1]; h += o
 //               m = norm(h); [conv_0]; f = SwiGLU(m');                                   [conv_1]; h += f
@@ -78,11 +78,25 @@ ggml_tensor * build_conv(ggml_context * ctx, const DrafterHparams & hp, ggml_ten
     return out;
 }
 
-// Non-causal (unless masked) GQA attention of block queries over [context ; block] keys.
-ggml_tensor * build_attention(ggml_context * ctx, const DrafterHparams & hp, const DrafterLayer & L,
+// Store K [head_dim, n_head_kv, n] and V (same shape) as cache rows row0 .. row0+n-1 of layer il.
+// V is kept transposed ([rows, head_dim, n_head_kv]) so attention reads it without a copy.
+void build_cache_store(ggml_context * ctx, ggml_cgraph * gf, const DrafterCache & cache, int il, ggml_tensor * k,
+                       ggml_tensor * v, int32_t row0) {
+    ggml_tensor * ck = cache.k[il], * cv = cache.v[il];
+    const int64_t n = k->ne[2];
+    ggml_tensor * k_dst = ggml_view_3d(ctx, ck, ck->ne[0], ck->ne[1], n, ck->nb[1], ck->nb[2], size_t(row0) * ck->nb[2]);
+    ggml_tensor * v_dst = ggml_view_3d(ctx, cv, n, cv->ne[1], cv->ne[2], cv->nb[1], cv->nb[2], size_t(row0) * cv->nb[0]);
+    ggml_build_forward_expand(gf, ggml_cpy(ctx, k, k_dst));
+    ggml_build_forward_expand(gf, ggml_cpy(ctx, ggml_permute(ctx, v, 1, 2, 0, 3), v_dst));
+}
+
+// Non-causal (unless masked) GQA attention of the block's queries over [context ; block]. The
+// block's K/V go to the cache's scratch rows right after the n_past committed ones (they are
+// not counted as context and the next injection overwrites them), so nothing is concatenated.
+ggml_tensor * build_attention(ggml_context * ctx, ggml_cgraph * gf, const DrafterHparams & hp, const DrafterLayer & L,
                               const DrafterCache & cache, int32_t n_past, ggml_tensor * cur, ggml_tensor * pos,
                               ggml_tensor * kq_mask, int il) {
-    const int64_t n = cur->ne[1];
+    const int64_t n = cur->ne[1], n_kv = n_past + n;
     ggml_tensor * q = ggml_reshape_3d(ctx, ggml_mul_mat(ctx, L.wq, cur), hp.head_dim, hp.n_head, n);
     q = build_norm(ctx, q, L.attn_q_norm, hp.rms_eps);
     q = build_rope(ctx, q, pos, hp);
@@ -90,21 +104,16 @@ ggml_tensor * build_attention(ggml_context * ctx, const DrafterHparams & hp, con
 
     ggml_tensor * k, * v;
     build_kv(ctx, hp, L, cur, pos, il, &k, &v);
-    if (n_past > 0) {  // [head_dim, n_head_kv, n_past + n]: committed context rows, then the block
-        ggml_tensor * k_ctx = ggml_view_3d(ctx, cache.k[il], hp.head_dim, hp.n_head_kv, n_past,
-                                           cache.k[il]->nb[1], cache.k[il]->nb[2], 0);
-        ggml_tensor * v_ctx = ggml_view_3d(ctx, cache.v[il], hp.head_dim, hp.n_head_kv, n_past,
-                                           cache.v[il]->nb[1], cache.v[il]->nb[2], 0);
-        k = ggml_concat(ctx, k_ctx, k, 2);
-        v = ggml_concat(ctx, v_ctx, v, 2);
-    }
+    build_cache_store(ctx, gf, cache, il, k, v, n_past);  // expanded first: runs before the reads below
+    ggml_tensor * ck = cache.k[il], * cv = cache.v[il];
+    k = ggml_view_3d(ctx, ck, hp.head_dim, hp.n_head_kv, n_kv, ck->nb[1], ck->nb[2], 0);   // [d, n_head_kv, n_kv]
+    v = ggml_view_3d(ctx, cv, n_kv, hp.head_dim, hp.n_head_kv, cv->nb[1], cv->nb[2], 0);   // [n_kv, d, n_head_kv]
 
     // q head h reads kv head h / (n_head / n_head_kv): mul_mat broadcasts over dim 2
     ggml_tensor * kq = ggml_mul_mat(ctx, ggml_permute(ctx, k, 0, 2, 1, 3), ggml_permute(ctx, q, 0, 2, 1, 3));
     kq = ggml_soft_max_ext(ctx, kq, kq_mask, 1.0f / std::sqrt(float(hp.head_dim)), 0.0f);  // [n_kv, n, n_head]
     cb(kq, "kq_soft_max", il);
-    ggml_tensor * v_t = ggml_cont(ctx, ggml_permute(ctx, v, 1, 2, 0, 3));  // [n_kv, head_dim, n_head_kv]
-    ggml_tensor * kqv = ggml_mul_mat(ctx, v_t, kq);                       // [head_dim, n, n_head]
+    ggml_tensor * kqv = ggml_mul_mat(ctx, v, kq);  // [head_dim, n, n_head]
     cur = ggml_cont_2d(ctx, ggml_permute(ctx, kqv, 0, 2, 1, 3), hp.head_dim * hp.n_head, n);
     return ggml_mul_mat(ctx, L.wo, cur);
 }
@@ -170,12 +179,7 @@ InjectGraph build_inject_graph(ggml_context * ctx, const DrafterHparams & hp, co
     for (int il = 0; il < hp.n_layer; ++il) {
         ggml_tensor * k, * v;
         build_kv(ctx, hp, w.layers[il], cur, g.in.positions, il, &k, &v);
-        ggml_tensor * k_dst = ggml_view_3d(ctx, cache.k[il], hp.head_dim, hp.n_head_kv, n, cache.k[il]->nb[1],
-                                           cache.k[il]->nb[2], size_t(n_past) * cache.k[il]->nb[2]);
-        ggml_tensor * v_dst = ggml_view_3d(ctx, cache.v[il], hp.head_dim, hp.n_head_kv, n, cache.v[il]->nb[1],
-                                           cache.v[il]->nb[2], size_t(n_past) * cache.v[il]->nb[2]);
-        ggml_build_forward_expand(g.gf, ggml_cpy(ctx, k, k_dst));
-        ggml_build_forward_expand(g.gf, ggml_cpy(ctx, v, v_dst));
+        build_cache_store(ctx, g.gf, cache, il, k, v, n_past);
     }
     return g;
 }
@@ -214,7 +218,7 @@ BlockGraph build_block_graph(ggml_context * ctx, const DrafterHparams & hp, cons
             cur = build_conv(ctx, hp, cur, coeff, L.attn_conv_base, 0);
             cb(cur, "attn_conv_in", il);
         }
-        cur = build_attention(ctx, hp, L, cache, n_past, cur, g.in.positions, kq_mask, il);
+        cur = build_attention(ctx, g.gf, hp, L, cache, n_past, cur, g.in.positions, kq_mask, il);
         cb(cur, "attn_out", il);
         if (coeff) {
             cur = build_conv(ctx, hp, cur, coeff, L.attn_conv_base, 1);

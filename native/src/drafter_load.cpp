@@ -351,8 +351,9 @@ std::unique_ptr<Drafter> Drafter::load(const char * path, const char * target_pa
         ggml_init_params ip = {ggml_tensor_overhead() * size_t(2 * hp.n_layer + 2), nullptr, true};
         d->ctx_cache_.reset(ggml_init(ip));
         for (int il = 0; il < hp.n_layer; ++il) {
-            d->cache_.k.push_back(ggml_new_tensor_3d(d->ctx_cache_.get(), GGML_TYPE_F32, hp.head_dim, hp.n_head_kv, n_ctx));
-            d->cache_.v.push_back(ggml_new_tensor_3d(d->ctx_cache_.get(), GGML_TYPE_F32, hp.head_dim, hp.n_head_kv, n_ctx));
+            const int64_t rows = int64_t(n_ctx) + hp.block_size;  // + scratch rows of one block
+            d->cache_.k.push_back(ggml_new_tensor_3d(d->ctx_cache_.get(), GGML_TYPE_F32, hp.head_dim, hp.n_head_kv, rows));
+            d->cache_.v.push_back(ggml_new_tensor_3d(d->ctx_cache_.get(), GGML_TYPE_F32, rows, hp.head_dim, hp.n_head_kv));
             ggml_format_name(d->cache_.k.back(), "cache_k-%d", il);
             ggml_format_name(d->cache_.v.back(), "cache_v-%d", il);
         }
