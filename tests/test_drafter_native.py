@@ -348,3 +348,32 @@ def test_bad_calls(dflash2, smollm2_path):
         d.forward(0, 0)
     with pytest.raises(pydflash.ModelFormatError):
         Drafter(smollm2_path, smollm2_path)  # a target is not a drafter
+
+
+def test_truncated_drafter_file(tmp_path, dflash2, smollm2_path):
+    gguf, _ = dflash2
+    cut = tmp_path / "cut.gguf"
+    data = gguf.read_bytes()
+    cut.write_bytes(data[: len(data) // 2])
+    with pytest.raises(pydflash.ModelFormatError, match="truncated"):
+        Drafter(cut, smollm2_path)
+
+
+def test_sampled_proposals_are_seeded(dflash1, dflash2, smollm2_path):
+    feats = random_context(10, seed=2)
+    for gguf, _ in (dflash1, dflash2):
+        runs = []
+        for _ in range(2):
+            with Drafter(gguf, smollm2_path, n_ctx=16, n_threads=2, seed=7) as d:
+                d.inject(feats, np.arange(10))
+                first = d.propose(42, 10, temperature=1.0)
+                d.set_seed(7)
+                again = d.propose(42, 10, temperature=1.0)
+                runs.append(first)
+            np.testing.assert_array_equal(first.tokens, again.tokens)
+        np.testing.assert_array_equal(runs[0].tokens, runs[1].tokens)
+        q = runs[0].q
+        np.testing.assert_allclose(q.sum(axis=1), 1.0, rtol=1e-5)
+        support = runs[0].candidates if runs[0].candidates is not None else np.arange(q.shape[1])[None, :].repeat(len(q), 0)
+        for j, token in enumerate(runs[0].tokens):  # every draft has positive probability under its q
+            assert q[j][np.flatnonzero(support[j] == token)[0]] > 0
