@@ -377,3 +377,38 @@ def test_sampled_proposals_are_seeded(dflash1, dflash2, smollm2_path):
         support = runs[0].candidates if runs[0].candidates is not None else np.arange(q.shape[1])[None, :].repeat(len(q), 0)
         for j, token in enumerate(runs[0].tokens):  # every draft has positive probability under its q
             assert q[j][np.flatnonzero(support[j] == token)[0]] > 0
+
+
+def _copy_gguf(src: Path, dst: Path, extra: dict[str, np.ndarray]) -> None:
+    """Rewrite a GGUF with every key and F32 tensor of ``src`` plus ``extra`` tensors."""
+    import gguf as gg
+
+    from pydflash.convert import _field_kv
+
+    reader = gg.GGUFReader(str(src))
+    writer = gg.GGUFWriter(str(dst), reader.fields["general.architecture"].contents())
+    for name, fld in reader.fields.items():
+        if name.startswith("GGUF.") or name == "general.architecture":
+            continue
+        kv = _field_kv(fld)
+        writer.add_key_value(kv.key, kv.value, kv.type, kv.sub_type)
+    for t in reader.tensors:
+        assert t.tensor_type == gg.GGMLQuantizationType.F32
+        writer.add_tensor(t.name, np.asarray(t.data).reshape(tuple(int(n) for n in reversed(t.shape))))
+    for name, value in extra.items():
+        writer.add_tensor(name, value)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def test_unknown_tensor_is_refused(tmp_path, dflash2, smollm2_path):
+    gguf, _ = dflash2
+    odd = tmp_path / "odd.gguf"
+    _copy_gguf(gguf, odd, {"fc.scale": np.ones(H, dtype=np.float32)})
+    with pytest.raises(pydflash.UnsupportedError, match="fc.scale"):
+        Drafter(odd, smollm2_path)
+    plain = tmp_path / "plain.gguf"  # the copy itself loads (the rewrite is faithful)
+    _copy_gguf(gguf, plain, {})
+    Drafter(plain, smollm2_path).close()

@@ -200,6 +200,20 @@ struct DrafterLoader {
         } else if (ggml_get_tensor(file.meta.get(), "selector_hidden.weight")) {
             fail(DFLASH_ERR_FORMAT, "'%s' has selector tensors but no %s.selector_top_k", path, kArch);
         }
+        reject_unknown_tensors();
+    }
+
+    // A tensor this engine does not use would change the math (fc.scale, d2t, attention sinks,
+    // ...): refuse rather than compute something else. A shipped token_embd / output is ignored:
+    // the drafter reads the target's raw embedding rows and head, as the reference does.
+    void reject_unknown_tensors() const {
+        for (int64_t i = 0; i < gguf_get_n_tensors(file.gguf.get()); ++i) {
+            const std::string name = gguf_get_tensor_name(file.gguf.get(), i);
+            if (used.count(name) == 0 && name != "token_embd.weight" && name != "output.weight") {
+                fail(DFLASH_ERR_UNSUPPORTED, "'%s': tensor '%s' is not supported by this drafter engine", path,
+                     name.c_str());
+            }
+        }
     }
 
     // Upload every declared tensor from the file (converting to F32 where forced).
