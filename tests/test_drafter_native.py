@@ -432,3 +432,15 @@ def test_sampled_first_slot_follows_q(dflash2, smollm2_path):
     sigma = np.sqrt(n_draws * q * (1 - q)) + 1.0
     assert np.all(np.abs(counts - n_draws * q) <= 5 * sigma), (counts, n_draws * q)
     assert (counts > 0).sum() >= 2  # T = 2 spreads the draws
+
+
+def test_long_injection_spans_several_graphs(dflash2, smollm2_path, smol_target):
+    """600 rows in one call run as two injection graphs (512 + 88); the window layer sees 24 of them."""
+    gguf, ref = dflash2
+    feats = random_context(600, seed=14)
+    with Drafter(gguf, smollm2_path, n_ctx=600, n_threads=1, exact_head=True) as d:
+        d.inject(feats, np.arange(600))
+        hidden, logits = d.forward(321, 600)
+    ref_h, ref_l = reference_block(ref, feats, np.arange(600), 321, 600, smol_target)
+    assert nmse(hidden, ref_h.numpy()) <= 1e-6
+    assert nmse(logits, ref_l.numpy()) <= 1e-6
