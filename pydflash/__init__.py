@@ -17,12 +17,17 @@ from .errors import (
     PydflashError,
     UnsupportedError,
 )
+from .drafter import Drafter, DrafterInfo
+from .engine import Engine
 from .generation import Result, SamplingOptions, Stats
 from .target import Target, TargetInfo
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "Engine",
+    "Drafter",
+    "DrafterInfo",
     "Target",
     "TargetInfo",
     "Result",

@@ -28,14 +28,20 @@ def _add_target(p: argparse.ArgumentParser) -> None:
     p.add_argument("-t", "--threads", type=int, default=None, help="CPU threads (default: all cores)")
     p.add_argument("-c", "--ctx-size", type=int, default=4096, help="context size (default 4096)")
     p.add_argument("-ngl", "--n-gpu-layers", type=int, default=0, help="layers on the GPU (GPU builds)")
+    p.add_argument("-md", "--model-draft", "--spec-draft-model", dest="model_draft", default=None,
+                   help="DFlash/DFlash2 drafter GGUF (converted for this target)")
+    p.add_argument("--spec-draft-n-max", type=int, default=None, help="drafts verified per step (default block-1)")
+    p.add_argument("--spec-draft-n-min", type=int, default=0, help="shorter drafts are not verified (default 0)")
     p.add_argument("-v", "--verbose", action="store_true", help="show llama.cpp's log")
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from .target import Target
+    from .engine import Engine
 
-    with Target(args.model, n_ctx=args.ctx_size, n_threads=args.threads, n_gpu_layers=args.n_gpu_layers,
-                verbose=args.verbose) as target:
+    with Engine(args.model, args.model_draft, n_ctx=args.ctx_size, n_threads=args.threads,
+                n_gpu_layers=args.n_gpu_layers, n_max=args.spec_draft_n_max, n_min=args.spec_draft_n_min,
+                verbose=args.verbose) as engine:
+        target = engine.target
         prompt = target.apply_chat_template([{"role": "user", "content": args.prompt}]) if args.chat else args.prompt
         tokens = target.tokenize(prompt, parse_special=args.chat)
         options = dict(max_tokens=args.n_predict, temperature=args.temp, top_k=args.top_k, top_p=args.top_p,
@@ -61,6 +67,15 @@ def cmd_generate(args: argparse.Namespace) -> int:
             f"at {st.tokens_per_second:.1f} tok/s | stop: {st.stop_reason}",
             file=sys.stderr,
         )
+        if engine.drafter is not None:
+            per_pos = ", ".join(str(n) for n in st.accepted_per_position[: engine.n_max])
+            print(
+                f"[pydflash] drafted {st.n_drafted}, accepted {st.n_accepted} "
+                f"({100.0 * st.n_accepted / max(st.n_drafted, 1):.1f}%), verify steps {st.n_verify_steps}, "
+                f"tau {st.tau:.2f}, accepted per position [{per_pos}] | draft {st.t_draft_ms:.0f} ms, "
+                f"verify {st.t_verify_ms:.0f} ms, accept {st.t_accept_ms:.0f} ms",
+                file=sys.stderr,
+            )
     return 0
 
 

@@ -270,6 +270,120 @@ typedef struct dflash_model_summary {
 dflash_status dflash_model_summarize(const char * path, dflash_model_summary * out);
 
 /* ---------------------------------------------------------------------------------------------
+ * Drafter (DFlash v1 / DFlash2, a `dflash` GGUF next to its target GGUF)
+ *
+ * One drafting round with anchor token x_s (the last committed token) at position s:
+ *
+ *     dflash_drafter_inject(d, F, pos, n);          committed rows' target features (once each)
+ *     dflash_drafter_propose(d, x_s, s, B, T, ...); block [x_s, MASK x (B-1)] -> B-1 drafts + q
+ *     ... target verifies; a drafts accepted ...
+ *     dflash_drafter_crop(d, n_rows_committed);      drop rows that did not become committed
+ *
+ * Features F are [n x (n_target_layers * n_embd)] row-major F32: for each committed position p the
+ * hidden states entering the target layers listed by dflash_drafter_target_layers(), concatenated
+ * in that order (exactly what dflash_target_set_taps() with those layers captures). Each row is
+ * stored at its own position; the block's own rows never enter the drafter cache.
+ * ------------------------------------------------------------------------------------------- */
+
+typedef struct dflash_drafter dflash_drafter;
+
+typedef struct dflash_drafter_params {
+    int32_t  n_ctx;         /* context rows the drafter cache holds (0 = 4096) */
+    int32_t  n_threads;     /* CPU threads (<= 0: all cores) */
+    uint64_t seed;          /* RNG of sampled proposals */
+    bool     exact_head;    /* logits with F32 activations, the target's head rows dequantized on
+                             * the fly (CPU; slower). false: ggml's quantized mat-mul as llama.cpp
+                             * does, which rounds the activations to 8 bits for a quantized head */
+} dflash_drafter_params;
+
+typedef struct dflash_drafter_info {
+    int32_t n_embd;
+    int32_t n_layer;
+    int32_t n_head;
+    int32_t n_head_kv;
+    int32_t head_dim;
+    int32_t n_ff;
+    int32_t n_vocab;            /* the target's vocabulary */
+    int32_t block_size;         /* trained block length B (anchor + B-1 masks); most slots per block */
+    int32_t mask_token_id;
+    int32_t n_target_layers;    /* L: feature rows are L * n_embd wide */
+    int32_t conv_kernel_size;   /* DFlash2 (0 for v1) */
+    int32_t conv_group_size;    /* DFlash2 (0 for v1) */
+    int32_t selector_rank;      /* DFlash2 (0 for v1) */
+    int32_t selector_top_k;     /* K, DFlash2 (0 for v1) */
+    int32_t n_ctx;              /* context rows the cache can hold */
+    int32_t n_ctx_used;         /* context rows held now */
+    bool    is_dflash2;
+} dflash_drafter_info;
+
+dflash_drafter_params dflash_drafter_default_params(void);
+
+/* Load a drafter GGUF and pair it with its target GGUF (whose token embedding and lm_head are
+ * mapped read-only, not copied). Drafter and target that do not belong together (hidden size,
+ * vocabulary, mask id, tapped layers) give DFLASH_ERR_MISMATCH. */
+dflash_status dflash_drafter_load(const char * path, const char * target_gguf_path,
+                                  const dflash_drafter_params * params, dflash_drafter ** out);
+void          dflash_drafter_free(dflash_drafter * drafter);
+
+dflash_status dflash_drafter_get_info(const dflash_drafter * drafter, dflash_drafter_info * out);
+
+/* The target layers whose inputs the drafter reads (= HF layer id + 1; pass them to
+ * dflash_target_set_taps). Borrowed, valid as long as the drafter. */
+dflash_status dflash_drafter_target_layers(const dflash_drafter * drafter, const int32_t ** layers,
+                                           int32_t * n_layers);
+
+/* Append n feature rows [n x n_target_layers*n_embd] at positions[n] to the context. NaN
+ * features become 0, others are clamped to +-65504. DFLASH_ERR_CONTEXT_FULL if they do not fit. */
+dflash_status dflash_drafter_inject(dflash_drafter * drafter, const float * features,
+                                    const int32_t * positions, int32_t n_rows);
+
+/* The same rows given per tap: taps[k] is [n_rows x n_embd] for target layer k of
+ * dflash_drafter_target_layers() (as dflash_target_tap_rows() returns them); n_taps must equal
+ * n_target_layers. */
+dflash_status dflash_drafter_inject_taps(dflash_drafter * drafter, const float * const * taps,
+                                         int32_t n_taps, const int32_t * positions, int32_t n_rows);
+
+/* Keep only the first n_keep context rows (no-op if fewer are held). */
+dflash_status dflash_drafter_crop(dflash_drafter * drafter, int32_t n_keep);
+
+/* Run the block [anchor, MASK x (n_block-1)] at positions start_pos.. (1 <= n_block <=
+ * block_size) and copy out the final-normed hidden [n_block x n_embd] and the transformed logits
+ * [n_block x n_vocab] (either may be NULL). Row 0 is the anchor slot. */
+dflash_status dflash_drafter_forward(dflash_drafter * drafter, int32_t anchor, int32_t start_pos,
+                                     int32_t n_block, float * hidden, float * logits);
+
+/* Run the block and draft tokens for slots 1..n_block-1: DFlash2 walks the candidate selector,
+ * v1 takes each slot independently; temperature <= 0 is greedy.
+ *   tokens     [n_block-1]                        drafted tokens (required)
+ *   q          [(n_block-1) x q_width] or NULL    the distribution each slot was drawn from,
+ *              q_width = selector_top_k (DFlash2, over `candidates`) or n_vocab (v1); one-hot
+ *              at the chosen entry when greedy
+ *   candidates [(n_block-1) x selector_top_k] or NULL (DFlash2 only; ignored for v1)
+ * Sampling draws from the drafter's RNG (seeded by params.seed / dflash_drafter_set_seed). */
+dflash_status dflash_drafter_propose(dflash_drafter * drafter, int32_t anchor, int32_t start_pos,
+                                     int32_t n_block, float temperature, int32_t * tokens, float * q,
+                                     int32_t * candidates);
+
+void dflash_drafter_set_seed(dflash_drafter * drafter, uint64_t seed);
+
+/* ---------------------------------------------------------------------------------------------
+ * Speculative generation
+ * ------------------------------------------------------------------------------------------- */
+
+/* DFlash speculative generation on sequence 0 of the target: prefill with the drafter's taps,
+ * then draft a block, verify it in one target batch, accept (greedy: while the draft equals the
+ * target's argmax; T > 0: exact rejection sampling with the drafter's q, residual resampling,
+ * bonus token), roll rejected rows back in both caches, repeat. The output has the target's
+ * distribution exactly (greedy: the target's argmax chain). spec->n_max is clamped to the
+ * drafter's block_size - 1. The drafter must have been loaded next to this target's GGUF. */
+dflash_status dflash_generate_speculative(dflash_target * target, dflash_drafter * drafter,
+                                          const int32_t * prompt, int32_t n_prompt,
+                                          const dflash_spec_params * spec,
+                                          const dflash_generate_params * params,
+                                          dflash_token_callback callback, void * user_data,
+                                          dflash_output ** out);
+
+/* ---------------------------------------------------------------------------------------------
  * Quantization
  * ------------------------------------------------------------------------------------------- */
 

@@ -2,13 +2,18 @@
 // of its own lives here.
 #include "dflash.h"
 
+#include "drafter.h"
 #include "error.h"
+#include "dflash_draft_source.h"
 #include "speculative.h"
 #include "output.h"
 #include "quantize.h"
 #include "target.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <memory>
 #include <new>
 
 namespace dflash {
@@ -22,6 +27,10 @@ using dflash::fail;
 struct dflash_target {
     dflash::Target impl;
     dflash_target(const char * path, const dflash_target_params & p) : impl(path, p) {}
+};
+
+struct dflash_drafter {
+    std::unique_ptr<dflash::Drafter> impl;
 };
 
 namespace {
@@ -230,6 +239,29 @@ dflash_status dflash_target_generate_replay(dflash_target * target, const int32_
     });
 }
 
+dflash_status dflash_generate_speculative(dflash_target * target, dflash_drafter * drafter, const int32_t * prompt,
+                                          int32_t n_prompt, const dflash_spec_params * spec,
+                                          const dflash_generate_params * params, dflash_token_callback callback,
+                                          void * user_data, dflash_output ** out) {
+    return guarded([&] {
+        require(target && drafter && drafter->impl && prompt && spec && params && out, "NULL argument");
+        *out = nullptr;
+        const auto & hp = drafter->impl->hparams();
+        const auto & t = target->impl;
+        if (hp.n_embd != t.n_embd() || hp.n_vocab != t.n_vocab()) {
+            fail(DFLASH_ERR_MISMATCH, "the drafter (hidden %d, vocab %d) does not belong to this target (hidden %d, vocab %d)",
+                 hp.n_embd, hp.n_vocab, t.n_embd(), t.n_vocab());
+        }
+        if (spec->n_max < 0 || spec->n_min < 0) {
+            fail(DFLASH_ERR_INVALID_ARGUMENT, "n_max and n_min must be >= 0 (got %d, %d)", spec->n_max, spec->n_min);
+        }
+        dflash::SpeculativeParams sp{std::min(spec->n_max, std::max(hp.block_size - 1, 1)), spec->n_min};
+        sp.n_min = std::min(sp.n_min, sp.n_max);
+        dflash::DFlashDraftSource source(*drafter->impl, params->sampling.seed);
+        *out = dflash::generate(target->impl, &source, sp, prompt, n_prompt, *params, callback, user_data).release();
+    });
+}
+
 const int32_t * dflash_output_tokens(const dflash_output * output, int32_t * n_tokens) {
     if (n_tokens) {
         *n_tokens = output ? int32_t(output->tokens.size()) : 0;
@@ -262,6 +294,109 @@ dflash_status dflash_quantize(const char * in_path, const char * out_path, const
         dflash::install_llama_log(false);
         dflash::quantize_gguf(in_path, out_path, type, n_threads, allow_requantize, progress, user_data);
     });
+}
+
+dflash_drafter_params dflash_drafter_default_params(void) {
+    dflash_drafter_params p{};
+    p.n_ctx     = 4096;
+    p.n_threads = 0;
+    p.seed      = 0;
+    p.exact_head = false;
+    return p;
+}
+
+dflash_status dflash_drafter_load(const char * path, const char * target_gguf_path,
+                                  const dflash_drafter_params * params, dflash_drafter ** out) {
+    return guarded([&] {
+        require(out != nullptr, "out is NULL");
+        *out = nullptr;
+        dflash::install_llama_log(false);
+        const dflash_drafter_params p = params ? *params : dflash_drafter_default_params();
+        require(p.n_ctx >= 0, "n_ctx must not be negative");
+        auto d = std::make_unique<dflash_drafter>();
+        d->impl = dflash::Drafter::load(path, target_gguf_path, p);
+        *out = d.release();
+    });
+}
+
+void dflash_drafter_free(dflash_drafter * drafter) { delete drafter; }
+
+dflash_status dflash_drafter_get_info(const dflash_drafter * drafter, dflash_drafter_info * out) {
+    return guarded([&] {
+        require(drafter && out, "drafter or out is NULL");
+        *out = drafter->impl->info();
+    });
+}
+
+dflash_status dflash_drafter_target_layers(const dflash_drafter * drafter, const int32_t ** layers, int32_t * n_layers) {
+    return guarded([&] {
+        require(drafter && layers && n_layers, "NULL argument");
+        const auto & tl = drafter->impl->hparams().target_layers;
+        *layers = tl.data();
+        *n_layers = int32_t(tl.size());
+    });
+}
+
+dflash_status dflash_drafter_inject(dflash_drafter * drafter, const float * features, const int32_t * positions,
+                                    int32_t n_rows) {
+    return guarded([&] {
+        require(drafter != nullptr, "drafter is NULL");
+        require(n_rows >= 0 && (n_rows == 0 || (features && positions)), "features or positions is NULL");
+        drafter->impl->inject(features, positions, n_rows);
+    });
+}
+
+dflash_status dflash_drafter_inject_taps(dflash_drafter * drafter, const float * const * taps, int32_t n_taps,
+                                         const int32_t * positions, int32_t n_rows) {
+    return guarded([&] {
+        require(drafter != nullptr, "drafter is NULL");
+        require(n_rows >= 0 && (n_rows == 0 || (taps && positions)), "taps or positions is NULL");
+        drafter->impl->inject_taps(taps, n_taps, positions, n_rows);
+    });
+}
+
+dflash_status dflash_drafter_crop(dflash_drafter * drafter, int32_t n_keep) {
+    return guarded([&] {
+        require(drafter != nullptr, "drafter is NULL");
+        drafter->impl->crop(n_keep);
+    });
+}
+
+dflash_status dflash_drafter_forward(dflash_drafter * drafter, int32_t anchor, int32_t start_pos, int32_t n_block,
+                                     float * hidden, float * logits) {
+    return guarded([&] {
+        require(drafter != nullptr, "drafter is NULL");
+        const dflash::BlockOutput & o = drafter->impl->forward_block(anchor, start_pos, n_block);
+        if (hidden) {
+            std::copy(o.hidden.begin(), o.hidden.end(), hidden);
+        }
+        if (logits) {
+            std::copy(o.logits.begin(), o.logits.end(), logits);
+        }
+    });
+}
+
+dflash_status dflash_drafter_propose(dflash_drafter * drafter, int32_t anchor, int32_t start_pos, int32_t n_block,
+                                     float temperature, int32_t * tokens, float * q, int32_t * candidates) {
+    return guarded([&] {
+        require(drafter && tokens, "drafter or tokens is NULL");
+        require(std::isfinite(temperature), "temperature must be finite");
+        dflash::Drafter & d = *drafter->impl;
+        const dflash::Proposal p = d.propose(anchor, start_pos, n_block, temperature, d.rng());
+        std::copy(p.tokens.begin(), p.tokens.end(), tokens);
+        if (q) {
+            std::copy(p.q.begin(), p.q.end(), q);
+        }
+        if (candidates && !p.candidates.empty()) {
+            std::copy(p.candidates.begin(), p.candidates.end(), candidates);
+        }
+    });
+}
+
+void dflash_drafter_set_seed(dflash_drafter * drafter, uint64_t seed) {
+    if (drafter) {
+        drafter->impl->rng().seed(seed);
+    }
 }
 
 }  // extern "C"

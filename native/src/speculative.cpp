@@ -244,11 +244,11 @@ std::unique_ptr<dflash_output> generate(Target & target, DraftSource * drafter, 
 
         // -- commit: rows 0..n_acc of the batch stay in both caches, the rest is rolled back
         const int32_t n_commit = n_acc + 1;
-        if (n_commit < int32_t(batch.size())) {
-            target.rollback(0, n_past + n_commit);
-        }
         if (drafter) {
             drafter->commit(n_past, n_commit, tap_slices(target, 0));
+        }
+        if (n_commit < int32_t(batch.size())) {
+            target.rollback(0, n_past + n_commit);
         }
         n_past += n_commit;
         st.t_accept_ms += ms_since(t_accept);

@@ -1,0 +1,386 @@
+// Loading a `dflash` GGUF (DFlash v1 and DFlash2) next to its target GGUF: metadata, tensor
+// declarations with expected shapes, the drafter/target compatibility checks, weight upload,
+// the borrowed (mapped) target embedding/head and the context cache.
+#include "drafter.h"
+
+#include "error.h"
+#include "gguf_meta.h"
+
+#include "ggml-cpu.h"
+#include "gguf.h"
+
+#include <cstdio>
+#include <cstring>
+#include <set>
+#include <unistd.h>
+
+namespace dflash {
+
+namespace {
+
+std::string shape_str(const ggml_tensor * t) {
+    std::string s = "[";
+    for (int i = 0; i < ggml_n_dims(t); ++i) {
+        s += (i ? ", " : "") + std::to_string(t->ne[i]);
+    }
+    return s + "]";
+}
+
+const char * kArch = "dflash";
+
+}  // namespace
+
+// Declares the drafter's tensors from the file (expected ggml shapes, required/optional) into a
+// weights context, then uploads them. Norms and conv bases are kept F32 whatever the file holds.
+struct DrafterLoader {
+    Drafter &          d;
+    const char *       path;
+    ParsedGguf         file;
+    GgufMeta           meta{nullptr, ""};
+    std::set<std::string> used;
+
+    struct Planned {
+        ggml_tensor * dst;
+        const ggml_tensor * src;  // in file.meta
+        int64_t index;            // gguf tensor index
+    };
+    std::vector<Planned> planned;
+
+    DrafterLoader(Drafter & d, const char * path) : d(d), path(path), file(open_gguf(path, "drafter")) {
+        meta = GgufMeta{file.gguf.get(), path};
+    }
+
+    void read_hparams() {
+        DrafterHparams & hp = d.hp_;
+        const std::string arch = meta.has("general.architecture") ? meta.str("general.architecture") : "";
+        if (arch != kArch) {
+            fail(DFLASH_ERR_FORMAT, "'%s' is not a DFlash drafter (general.architecture = '%s', expected '%s')",
+                 path, arch.c_str(), kArch);
+        }
+        const std::string p = std::string(kArch) + ".";
+        hp.n_embd    = int32_t(meta.integer(p + "embedding_length"));
+        hp.n_layer   = int32_t(meta.integer(p + "block_count"));
+        hp.n_ff      = int32_t(meta.integer(p + "feed_forward_length"));
+        hp.n_head    = int32_t(meta.integer(p + "attention.head_count"));
+        hp.n_head_kv = int32_t(meta.integer(p + "attention.head_count_kv", hp.n_head));
+        hp.head_dim  = int32_t(meta.integer(p + "attention.key_length", hp.n_head ? hp.n_embd / hp.n_head : 0));
+        if (meta.integer(p + "attention.value_length", hp.head_dim) != hp.head_dim) {
+            fail(DFLASH_ERR_UNSUPPORTED, "'%s': key_length != value_length is not supported", path);
+        }
+        meta.need(p + "attention.layer_norm_rms_epsilon");
+        hp.rms_eps   = meta.real(p + "attention.layer_norm_rms_epsilon", 1e-6f);
+        hp.rope_base = meta.real(p + "rope.freq_base", 10000.0f);
+        if (meta.has(p + "rope.scaling.type")) {
+            const std::string kind = meta.str(p + "rope.scaling.type");
+            if (kind == "linear") {
+                hp.rope_freq_scale = 1.0f / meta.real(p + "rope.scaling.factor", 1.0f);
+            } else if (kind != "none") {
+                fail(DFLASH_ERR_UNSUPPORTED, "'%s': rope scaling '%s' is not supported", path, kind.c_str());
+            }
+        }
+        hp.block_size = int32_t(meta.integer(p + "block_size"));
+        for (int64_t l : meta.int_array(p + "target_layers")) {
+            hp.target_layers.push_back(int32_t(l));
+        }
+        if (hp.target_layers.empty()) {
+            fail(DFLASH_ERR_FORMAT, "'%s': %starget_layers is empty", path, p.c_str());
+        }
+        hp.causal = meta.flag(p + "attention.causal", false);
+        hp.n_swa  = int32_t(meta.integer(p + "attention.sliding_window", 0));
+        hp.swa_layers.assign(hp.n_layer, false);
+        if (hp.n_swa > 0) {
+            if (meta.has(p + "attention.sliding_window_pattern")) {
+                const auto pattern = meta.int_array(p + "attention.sliding_window_pattern");
+                for (int il = 0; il < hp.n_layer && il < int(pattern.size()); ++il) {
+                    hp.swa_layers[il] = pattern[il] != 0;
+                }
+            } else {
+                hp.swa_layers.assign(hp.n_layer, true);
+            }
+        }
+        hp.mask_token_id = int32_t(meta.has("tokenizer.ggml.mask_token_id") ? meta.integer("tokenizer.ggml.mask_token_id")
+                                                                             : meta.integer(p + "mask_token_id", -1));
+        if (hp.mask_token_id < 0) {
+            fail(DFLASH_ERR_FORMAT, "'%s' has no tokenizer.ggml.mask_token_id", path);
+        }
+        hp.logit_scale     = meta.real(p + "logit_scale", 1.0f);
+        hp.softcap         = meta.real(p + "final_logit_softcapping", 0.0f);
+        hp.embedding_scale = meta.real(p + "embedding_scale", 1.0f);
+        hp.selector_top_k  = int32_t(meta.integer(p + "selector_top_k", 0));
+        if (hp.is_dflash2()) {
+            hp.conv_kernel   = int32_t(meta.integer(p + "conv_kernel_size"));
+            hp.conv_group    = int32_t(meta.integer(p + "conv_group_size"));
+            hp.selector_rank = int32_t(meta.integer(p + "selector_rank"));
+            if (hp.conv_kernel < 1 || hp.conv_group < 1 || hp.n_embd % hp.conv_group != 0) {
+                fail(DFLASH_ERR_FORMAT, "'%s': DFlash2 hidden size %d must be divisible by conv_group_size %d (kernel %d)",
+                     path, hp.n_embd, hp.conv_group, hp.conv_kernel);
+            }
+        }
+        if (hp.n_embd <= 0 || hp.n_layer <= 0 || hp.n_head <= 0 || hp.n_head_kv <= 0 || hp.head_dim <= 0 ||
+            hp.n_head % hp.n_head_kv != 0 || hp.block_size <= 0) {
+            fail(DFLASH_ERR_FORMAT, "'%s': invalid drafter dimensions (embd %d, layers %d, heads %d/%d, head_dim %d, block %d)",
+                 path, hp.n_embd, hp.n_layer, hp.n_head, hp.n_head_kv, hp.head_dim, hp.block_size);
+        }
+    }
+
+    // Declare tensor `name` with ggml shape `ne` (n_dims entries); nullptr if optional and absent.
+    ggml_tensor * tensor(const std::string & name, std::initializer_list<int64_t> ne, bool required = true,
+                         bool force_f32 = false) {
+        const ggml_tensor * src = ggml_get_tensor(file.meta.get(), name.c_str());
+        if (!src) {
+            if (required) {
+                fail(DFLASH_ERR_FORMAT, "'%s' is missing tensor '%s'", path, name.c_str());
+            }
+            return nullptr;
+        }
+        int i = 0;
+        bool ok = ggml_n_dims(src) <= int(ne.size());
+        for (int64_t n : ne) {  // -1: any size (checked by the caller)
+            ok = ok && (n < 0 || src->ne[i] == n);
+            ++i;
+        }
+        if (!ok) {
+            std::string want = "[";
+            i = 0;
+            for (int64_t n : ne) {
+                want += (i++ ? ", " : "") + std::to_string(n);
+            }
+            fail(DFLASH_ERR_FORMAT, "'%s': tensor '%s' has shape %s, expected %s]", path, name.c_str(),
+                 shape_str(src).c_str(), want.c_str());
+        }
+        const ggml_type type = force_f32 ? GGML_TYPE_F32 : src->type;
+        ggml_tensor * dst = ggml_new_tensor(d.ctx_weights_.get(), type, int(ne.size()), src->ne);
+        ggml_set_name(dst, name.c_str());
+        planned.push_back({dst, src, gguf_find_tensor(file.gguf.get(), name.c_str())});
+        used.insert(name);
+        return dst;
+    }
+
+    void declare_tensors() {
+        const DrafterHparams & hp = d.hp_;
+        const int64_t H = hp.n_embd, qd = int64_t(hp.n_head) * hp.head_dim, kvd = int64_t(hp.n_head_kv) * hp.head_dim;
+        const size_t n_tensors = gguf_get_n_tensors(file.gguf.get());
+        ggml_init_params ip = {ggml_tensor_overhead() * (n_tensors + 8), nullptr, /*no_alloc*/ true};
+        d.ctx_weights_.reset(ggml_init(ip));
+
+        DrafterWeights & w = d.w_;
+        // F32 whatever the file holds: raw target features carry massive activations that an 8-bit
+        // activation rounding (quantized mul_mat) would smear over their whole block
+        w.fc              = tensor("fc.weight", {hp.n_feat(), H}, true, true);
+        w.enc_output_norm = tensor("enc.output_norm.weight", {H}, true, true);
+        w.output_norm     = tensor("output_norm.weight", {H}, true, true);
+        w.layers.resize(hp.n_layer);
+        for (int il = 0; il < hp.n_layer; ++il) {
+            DrafterLayer & L = w.layers[il];
+            const std::string b = "blk." + std::to_string(il) + ".";
+            L.attn_norm   = tensor(b + "attn_norm.weight", {H}, true, true);
+            L.wq          = tensor(b + "attn_q.weight", {H, qd});
+            L.wk          = tensor(b + "attn_k.weight", {H, kvd});
+            L.wv          = tensor(b + "attn_v.weight", {H, kvd});
+            L.wo          = tensor(b + "attn_output.weight", {qd, H});
+            L.attn_q_norm = tensor(b + "attn_q_norm.weight", {hp.head_dim}, true, true);
+            L.attn_k_norm = tensor(b + "attn_k_norm.weight", {hp.head_dim}, true, true);
+            L.ffn_norm    = tensor(b + "ffn_norm.weight", {H}, true, true);
+            L.ffn_gate    = tensor(b + "ffn_gate.weight", {H, hp.n_ff});
+            L.ffn_up      = tensor(b + "ffn_up.weight", {H, hp.n_ff});
+            L.ffn_down    = tensor(b + "ffn_down.weight", {hp.n_ff, H});
+            if (hp.is_dflash2()) {
+                const int64_t T = hp.conv_kernel, proj = 2 * T * (H / hp.conv_group);
+                L.attn_conv_base = tensor(b + "attn_conv_base", {H, T, 2}, true, true);
+                L.attn_conv_proj = tensor(b + "attn_conv_proj.weight", {H, proj});
+                L.ffn_conv_base  = tensor(b + "ffn_conv_base", {H, T, 2}, true, true);
+                L.ffn_conv_proj  = tensor(b + "ffn_conv_proj.weight", {H, proj});
+            }
+        }
+        if (hp.is_dflash2()) {
+            const int64_t r = hp.selector_rank;
+            w.selector_hidden      = tensor("selector_hidden.weight", {H, r});
+            w.selector_predecessor = tensor("selector_predecessor.weight", {r, -1});
+            w.selector_successor   = tensor("selector_successor.weight", {r, -1});
+        } else if (ggml_get_tensor(file.meta.get(), "selector_hidden.weight")) {
+            fail(DFLASH_ERR_FORMAT, "'%s' has selector tensors but no %s.selector_top_k", path, kArch);
+        }
+        reject_unknown_tensors();
+    }
+
+    // A tensor this engine does not use would change the math (fc.scale, d2t, attention sinks,
+    // ...): refuse rather than compute something else. A shipped token_embd / output is ignored:
+    // the drafter reads the target's raw embedding rows and head, as the reference does.
+    void reject_unknown_tensors() const {
+        for (int64_t i = 0; i < gguf_get_n_tensors(file.gguf.get()); ++i) {
+            const std::string name = gguf_get_tensor_name(file.gguf.get(), i);
+            if (used.count(name) == 0 && name != "token_embd.weight" && name != "output.weight") {
+                fail(DFLASH_ERR_UNSUPPORTED, "'%s': tensor '%s' is not supported by this drafter engine", path,
+                     name.c_str());
+            }
+        }
+    }
+
+    // Upload every declared tensor from the file (converting to F32 where forced).
+    void upload() {
+        d.buf_weights_.reset(ggml_backend_alloc_ctx_tensors(d.ctx_weights_.get(), d.backend_.get()));
+        if (!d.buf_weights_) {
+            fail(DFLASH_ERR_BACKEND, "cannot allocate the drafter weights");
+        }
+        FILE * f = fopen(path, "rb");
+        if (!f) {
+            fail(DFLASH_ERR_IO, "drafter '%s': %s", path, strerror(errno));
+        }
+        std::vector<uint8_t> bytes;
+        std::vector<float> f32;
+        const size_t data_offset = gguf_get_data_offset(file.gguf.get());
+        for (const Planned & p : planned) {
+            const size_t n_bytes = ggml_nbytes(p.src);
+            bytes.resize(n_bytes);
+            const size_t offset = data_offset + gguf_get_tensor_offset(file.gguf.get(), p.index);
+            if (fseek(f, long(offset), SEEK_SET) != 0 || fread(bytes.data(), 1, n_bytes, f) != n_bytes) {
+                fclose(f);
+                fail(DFLASH_ERR_IO, "drafter '%s': cannot read tensor '%s'", path, ggml_get_name(p.dst));
+            }
+            if (p.dst->type == p.src->type) {
+                ggml_backend_tensor_set(p.dst, bytes.data(), 0, n_bytes);
+                continue;
+            }
+            const ggml_type_traits * tt = ggml_get_type_traits(p.src->type);
+            if (!tt->to_float) {
+                fclose(f);
+                fail(DFLASH_ERR_FORMAT, "'%s': tensor '%s' has type %s, which cannot be read as F32", path,
+                     ggml_get_name(p.dst), ggml_type_name(p.src->type));
+            }
+            f32.resize(size_t(ggml_nelements(p.src)));
+            tt->to_float(bytes.data(), f32.data(), ggml_nelements(p.src));
+            ggml_backend_tensor_set(p.dst, f32.data(), 0, f32.size() * sizeof(float));
+        }
+        fclose(f);
+    }
+};
+
+namespace {
+
+struct TargetFacts {
+    std::string arch;
+    int32_t     n_embd = 0, n_layer = 0, n_vocab = 0;
+    size_t      n_tokens = 0;  // tokenizer list length (0 if none)
+};
+
+}  // namespace
+
+std::unique_ptr<Drafter> Drafter::load(const char * path, const char * target_path, const dflash_drafter_params & params) {
+    std::unique_ptr<Drafter> d(new Drafter());
+    d->n_threads_ = params.n_threads > 0 ? params.n_threads : int32_t(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)));
+    d->rng_.seed(params.seed);
+    d->exact_head_ = params.exact_head;
+    const int32_t n_ctx = params.n_ctx > 0 ? params.n_ctx : 4096;
+
+    d->backend_.reset(ggml_backend_cpu_init());
+    if (!d->backend_) {
+        fail(DFLASH_ERR_BACKEND, "cannot initialise the CPU backend");
+    }
+    ggml_backend_cpu_set_n_threads(d->backend_.get(), d->n_threads_);
+
+    DrafterLoader loader(*d, path);
+    loader.read_hparams();
+    DrafterHparams & hp = d->hp_;
+
+    // -- the target: shape facts, then its embedding/head borrowed from a read-only mapping --
+    ParsedGguf tgt = open_gguf(target_path, "target");
+    GgufMeta tm{tgt.gguf.get(), target_path};
+    TargetFacts tf;
+    tf.arch    = tm.str("general.architecture");
+    tf.n_embd  = int32_t(tm.integer(tf.arch + ".embedding_length"));
+    tf.n_layer = int32_t(tm.integer(tf.arch + ".block_count"));
+    tf.n_tokens = tm.array_len("tokenizer.ggml.tokens");
+    const ggml_tensor * t_embd = ggml_get_tensor(tgt.meta.get(), "token_embd.weight");
+    if (!t_embd) {
+        fail(DFLASH_ERR_FORMAT, "target '%s' has no token_embd.weight", target_path);
+    }
+    const ggml_tensor * t_out = ggml_get_tensor(tgt.meta.get(), "output.weight");
+    if (!t_out) {
+        t_out = t_embd;  // tied embeddings
+    }
+    tf.n_vocab = int32_t(t_embd->ne[1]);
+    hp.n_vocab = tf.n_vocab;
+
+    // -- drafter vs target --
+    if (hp.n_embd != tf.n_embd || t_embd->ne[0] != hp.n_embd || t_out->ne[0] != hp.n_embd) {
+        fail(DFLASH_ERR_MISMATCH, "drafter '%s' has hidden size %d but target '%s' (%s) has %d: the drafter belongs to "
+             "another target", path, hp.n_embd, target_path, tf.arch.c_str(), tf.n_embd);
+    }
+    if (t_out->ne[1] != tf.n_vocab) {
+        fail(DFLASH_ERR_FORMAT, "target '%s': output.weight has %lld rows, token_embd.weight %d", target_path,
+             (long long) t_out->ne[1], tf.n_vocab);
+    }
+    if (hp.mask_token_id >= tf.n_vocab) {
+        fail(DFLASH_ERR_MISMATCH, "drafter mask token id %d is outside the target's vocabulary of %d tokens",
+             hp.mask_token_id, tf.n_vocab);
+    }
+    const size_t n_tokens_drafter = loader.meta.array_len("tokenizer.ggml.tokens");
+    if (n_tokens_drafter && tf.n_tokens && n_tokens_drafter != tf.n_tokens) {
+        fail(DFLASH_ERR_MISMATCH, "drafter vocabulary has %zu tokens, the target's %zu: the drafter belongs to another target",
+             n_tokens_drafter, tf.n_tokens);
+    }
+    for (int32_t l : hp.target_layers) {
+        if (l < 1 || l > tf.n_layer) {
+            fail(DFLASH_ERR_MISMATCH, "drafter taps target layer %d (stored id + 1 = %d) but target '%s' has %d layers",
+                 l - 1, l, target_path, tf.n_layer);
+        }
+    }
+
+    loader.declare_tensors();
+    if (hp.is_dflash2()) {
+        for (const ggml_tensor * cb : {d->w_.selector_predecessor, d->w_.selector_successor}) {
+            if (cb->ne[1] != tf.n_vocab) {
+                fail(DFLASH_ERR_MISMATCH, "drafter selector table '%s' covers %lld tokens, the target's vocabulary %d",
+                     ggml_get_name(cb), (long long) cb->ne[1], tf.n_vocab);
+            }
+        }
+    }
+    loader.upload();
+
+    // Borrow token_embd / output: same type and shape, data inside the mapping (no copy).
+    d->target_map_ = std::make_unique<MappedFile>(target_path, "target");
+    {
+        ggml_init_params ip = {ggml_tensor_overhead() * 2, nullptr, true};
+        d->ctx_target_.reset(ggml_init(ip));
+        d->buf_target_.reset(ggml_backend_cpu_buffer_from_ptr(d->target_map_->addr, d->target_map_->size));
+        const size_t data_offset = gguf_get_data_offset(tgt.gguf.get());
+        auto borrow = [&](const ggml_tensor * src) {
+            ggml_tensor * t = ggml_new_tensor(d->ctx_target_.get(), src->type, 2, src->ne);
+            ggml_set_name(t, src->name);
+            const size_t off = data_offset + gguf_get_tensor_offset(tgt.gguf.get(), gguf_find_tensor(tgt.gguf.get(), src->name));
+            if (off + ggml_nbytes(t) > d->target_map_->size) {
+                fail(DFLASH_ERR_FORMAT, "target '%s': tensor '%s' lies outside the file", target_path, src->name);
+            }
+            if (ggml_backend_tensor_alloc(d->buf_target_.get(), t, static_cast<char *>(d->target_map_->addr) + off) != GGML_STATUS_SUCCESS) {
+                fail(DFLASH_ERR_BACKEND, "cannot wrap target tensor '%s'", src->name);
+            }
+            return t;
+        };
+        d->w_.tok_embd = borrow(t_embd);
+        d->w_.output = t_out == t_embd ? d->w_.tok_embd : borrow(t_out);
+    }
+
+    // Context cache: committed rows only.
+    {
+        ggml_init_params ip = {ggml_tensor_overhead() * size_t(2 * hp.n_layer + 2), nullptr, true};
+        d->ctx_cache_.reset(ggml_init(ip));
+        for (int il = 0; il < hp.n_layer; ++il) {
+            const int64_t rows = int64_t(n_ctx) + hp.block_size;  // + scratch rows of one block
+            d->cache_.k.push_back(ggml_new_tensor_3d(d->ctx_cache_.get(), GGML_TYPE_F32, hp.head_dim, hp.n_head_kv, rows));
+            d->cache_.v.push_back(ggml_new_tensor_3d(d->ctx_cache_.get(), GGML_TYPE_F32, rows, hp.head_dim, hp.n_head_kv));
+            ggml_format_name(d->cache_.k.back(), "cache_k-%d", il);
+            ggml_format_name(d->cache_.v.back(), "cache_v-%d", il);
+        }
+        d->buf_cache_.reset(ggml_backend_alloc_ctx_tensors(d->ctx_cache_.get(), d->backend_.get()));
+        if (!d->buf_cache_) {
+            fail(DFLASH_ERR_BACKEND, "cannot allocate the drafter context cache (%d rows)", n_ctx);
+        }
+        ggml_backend_buffer_clear(d->buf_cache_.get(), 0);
+        d->cache_.n_ctx = n_ctx;
+    }
+
+    d->galloc_.reset(ggml_gallocr_new(ggml_backend_get_default_buffer_type(d->backend_.get())));
+    return d;
+}
+
+}  // namespace dflash

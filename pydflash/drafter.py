@@ -1,0 +1,228 @@
+"""``Drafter``: a DFlash v1 / DFlash2 drafter GGUF run natively (ggml) next to its target GGUF.
+
+It owns one native handle: ``close()`` (or a ``with`` block) frees it. The target's token
+embedding and lm_head are mapped from the target GGUF file, not copied.
+
+One drafting round (anchor token ``x`` at position ``s``)::
+
+    with Drafter("draft.gguf", "target.gguf") as d:
+        d.inject(features, positions)        # committed rows: [n, L*H] target features
+        p = d.propose(x, s, temperature=0)   # B-1 drafted tokens (+ q, candidates)
+        ...                                  # the target verifies
+        d.crop(n_committed)                  # keep committed rows only
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import errors
+from ._bindings import check, ffi, lib
+
+
+@dataclass(frozen=True)
+class DrafterInfo:
+    """Shape facts of a loaded drafter (DFlash2 fields are 0 for v1)."""
+
+    n_embd: int
+    n_layer: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    n_ff: int
+    n_vocab: int
+    block_size: int
+    mask_token_id: int
+    n_target_layers: int
+    conv_kernel_size: int
+    conv_group_size: int
+    selector_rank: int
+    selector_top_k: int
+    n_ctx: int
+    is_dflash2: bool
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """Drafts for slots 1..n_block-1 of one block.
+
+    ``q`` is the distribution each slot was drawn from: over ``candidates`` ([n-1, K], DFlash2)
+    or over the vocabulary ([n-1, V], v1); one-hot at the chosen entry for greedy drafts.
+    """
+
+    tokens: np.ndarray  # [n-1] int32
+    q: np.ndarray  # [n-1, K] or [n-1, V] float32
+    candidates: np.ndarray | None  # [n-1, K] int32 (DFlash2)
+
+
+class Drafter:
+    """A drafter GGUF paired with its target GGUF.
+
+    Args:
+        model: path to the drafter GGUF (``general.architecture = "dflash"``).
+        target: the target GGUF path, a ``pydflash models`` name, or a loaded ``pydflash.Target``.
+        n_ctx: context rows the drafter cache holds.
+        n_threads: CPU threads (None: all cores).
+        seed: RNG seed of sampled proposals.
+        exact_head: compute the logits with F32 activations (the target's quantized head rows
+            dequantized on the fly; slower). Default: ggml's quantized mat-mul, as llama.cpp,
+            which rounds the activations to 8 bits (~1e-3 relative error per logit).
+    Raises:
+        MismatchError: the drafter does not belong to the target (hidden size, vocabulary, layers).
+    """
+
+    def __init__(
+        self,
+        model: str | os.PathLike,
+        target: object,
+        *,
+        n_ctx: int = 4096,
+        n_threads: int | None = None,
+        seed: int = 0,
+        exact_head: bool = False,
+    ) -> None:
+        self._handle = ffi.NULL
+        self._lock = threading.Lock()
+        from . import models
+
+        if not isinstance(n_ctx, int) or n_ctx < 1:
+            raise errors.InvalidArgumentError(f"n_ctx must be a positive int, got {n_ctx!r}")
+        if n_threads is not None and (not isinstance(n_threads, int) or n_threads < 1):
+            raise errors.InvalidArgumentError(f"n_threads must be a positive int or None, got {n_threads!r}")
+        target_path = getattr(target, "path", target)
+        try:
+            self.target_path = str(models.resolve(target_path))  # type: ignore[arg-type]
+        except ValueError as exc:
+            raise errors.ModelNotFoundError(str(exc)) from None
+        self.path = os.fspath(model)
+        params = ffi.new("dflash_drafter_params *", lib.dflash_drafter_default_params())
+        params.n_ctx = n_ctx
+        params.n_threads = n_threads or 0
+        params.seed = seed & 0xFFFFFFFFFFFFFFFF
+        params.exact_head = bool(exact_head)
+        out = ffi.new("dflash_drafter **")
+        check(lib.dflash_drafter_load(self.path.encode(), self.target_path.encode(), params, out))
+        self._handle = out[0]
+        info = ffi.new("dflash_drafter_info *")
+        check(lib.dflash_drafter_get_info(self._handle, info))
+        self.info = DrafterInfo(
+            **{f: getattr(info, f) for f in DrafterInfo.__dataclass_fields__ if f != "is_dflash2"},
+            is_dflash2=bool(info.is_dflash2),
+        )
+        layers, n = ffi.new("int32_t **"), ffi.new("int32_t *")
+        check(lib.dflash_drafter_target_layers(self._handle, layers, n))
+        #: target layers whose *inputs* the drafter reads (HF id + 1): pass to ``Target.set_taps``
+        self.target_layers: tuple[int, ...] = tuple(layers[0][i] for i in range(n[0]))
+
+    # -- lifetime ------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Free the native drafter (idempotent)."""
+        handle, self._handle = getattr(self, "_handle", ffi.NULL), ffi.NULL
+        if handle != ffi.NULL:
+            with self._lock:
+                lib.dflash_drafter_free(handle)
+
+    def __enter__(self) -> "Drafter":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        self.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._handle == ffi.NULL
+
+    def _h(self):  # type: ignore[no-untyped-def]
+        if self._handle == ffi.NULL:
+            raise errors.ClosedError("this Drafter is closed")
+        return self._handle
+
+    # -- context -------------------------------------------------------------------------------
+
+    @property
+    def n_context(self) -> int:
+        """Context rows held now."""
+        info = ffi.new("dflash_drafter_info *")
+        with self._lock:
+            check(lib.dflash_drafter_get_info(self._h(), info))
+        return int(info.n_ctx_used)
+
+    def inject(self, features: np.ndarray, positions: np.ndarray | list[int]) -> None:
+        """Append committed rows: ``features`` [n, L*H] (float32) at ``positions`` [n]."""
+        width = self.info.n_target_layers * self.info.n_embd
+        feats = np.ascontiguousarray(features, dtype=np.float32)
+        if feats.ndim == 1:
+            feats = feats.reshape(1, -1)
+        pos = np.ascontiguousarray(positions, dtype=np.int32).reshape(-1)
+        if feats.ndim != 2 or feats.shape[1] != width:
+            raise errors.InvalidArgumentError(f"features must be [n, {width}], got {list(np.shape(features))}")
+        if feats.shape[0] != pos.shape[0]:
+            raise errors.InvalidArgumentError(f"{feats.shape[0]} feature rows but {pos.shape[0]} positions")
+        with self._lock:
+            check(lib.dflash_drafter_inject(self._h(), ffi.from_buffer("float[]", feats),
+                                            ffi.from_buffer("int32_t[]", pos), feats.shape[0]))
+
+    def inject_taps(self, taps: "list[np.ndarray]", positions: np.ndarray | list[int]) -> None:
+        """Append committed rows given per tap: ``taps[k]`` [n, H] for ``target_layers[k]``
+        (what ``Target.tap_rows(k)`` returns after ``Target.set_taps(drafter.target_layers)``)."""
+        arrays = [np.ascontiguousarray(t, dtype=np.float32) for t in taps]
+        pos = np.ascontiguousarray(positions, dtype=np.int32).reshape(-1)
+        if len(arrays) != self.info.n_target_layers:
+            raise errors.InvalidArgumentError(
+                f"{len(arrays)} tap arrays given, the drafter reads {self.info.n_target_layers} target layers")
+        for a in arrays:
+            if a.shape != (pos.shape[0], self.info.n_embd):
+                raise errors.InvalidArgumentError(
+                    f"each tap must be [{pos.shape[0]}, {self.info.n_embd}], got {list(a.shape)}")
+        pointers = ffi.new("float *[]", [ffi.from_buffer("float[]", a) for a in arrays])
+        with self._lock:
+            check(lib.dflash_drafter_inject_taps(self._h(), pointers, len(arrays),
+                                                 ffi.from_buffer("int32_t[]", pos), pos.shape[0]))
+
+    def crop(self, n_keep: int) -> None:
+        """Keep only the first ``n_keep`` context rows."""
+        with self._lock:
+            check(lib.dflash_drafter_crop(self._h(), int(n_keep)))
+
+    # -- blocks --------------------------------------------------------------------------------
+
+    def _n_block(self, n_block: int | None) -> int:
+        return self.info.block_size if n_block is None else int(n_block)
+
+    def forward(self, anchor: int, start_pos: int, n_block: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Run [anchor, MASK...] at ``start_pos``: (final-normed hidden [n, H], logits [n, V])."""
+        n = self._n_block(n_block)
+        hidden = np.empty((max(n, 0), self.info.n_embd), dtype=np.float32)
+        logits = np.empty((max(n, 0), self.info.n_vocab), dtype=np.float32)
+        with self._lock:
+            check(lib.dflash_drafter_forward(self._h(), int(anchor), int(start_pos), n,
+                                             ffi.from_buffer("float[]", hidden), ffi.from_buffer("float[]", logits)))
+        return hidden, logits
+
+    def propose(self, anchor: int, start_pos: int, n_block: int | None = None, temperature: float = 0.0) -> Proposal:
+        """Run the block and draft slots 1..n-1 (greedy when ``temperature <= 0``)."""
+        n = self._n_block(n_block)
+        slots = max(n - 1, 0)
+        k = self.info.selector_top_k if self.info.is_dflash2 else self.info.n_vocab
+        tokens = np.zeros(slots, dtype=np.int32)
+        q = np.zeros((slots, k), dtype=np.float32)
+        cands = np.zeros((slots, self.info.selector_top_k), dtype=np.int32) if self.info.is_dflash2 else None
+        with self._lock:
+            check(lib.dflash_drafter_propose(
+                self._h(), int(anchor), int(start_pos), n, float(temperature),
+                ffi.from_buffer("int32_t[]", tokens) if slots else ffi.new("int32_t[1]"),
+                ffi.from_buffer("float[]", q) if q.size else ffi.NULL,
+                ffi.from_buffer("int32_t[]", cands) if cands is not None and cands.size else ffi.NULL))
+        return Proposal(tokens=tokens, q=q, candidates=cands)
+
+    def set_seed(self, seed: int) -> None:
+        with self._lock:
+            lib.dflash_drafter_set_seed(self._h(), seed & 0xFFFFFFFFFFFFFFFF)

@@ -1,0 +1,120 @@
+"""``Engine``: a target plus an optional DFlash drafter, generating through one native loop.
+
+With a drafter, every step drafts a block, verifies it in one target batch and keeps the
+longest prefix the target agrees with (exact rejection sampling at T > 0), so the output is the
+target's own. With ``drafter=None`` the same loop decodes plainly, one token per step.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Iterator, Sequence
+
+from . import errors, generation
+from ._bindings import ffi, lib
+from .drafter import Drafter
+from .generation import Result, SamplingOptions
+from .target import Message, Target
+
+
+class Engine:
+    """Speculative (or plain) generation on a GGUF target.
+
+    Args:
+        target: target GGUF path or a ``pydflash models`` name.
+        drafter: drafter GGUF path (a ``dflash`` file converted for this target), or None.
+        n_ctx, n_threads, n_gpu_layers: as for ``Target``.
+        n_max: drafts verified per step (llama.cpp's --spec-draft-n-max; default block_size-1,
+            clamped to it).
+        n_min: shorter drafts are not verified (--spec-draft-n-min).
+
+    Example:
+        >>> with Engine("smollm2-135m", "drafter.gguf") as engine:
+        ...     r = engine.generate("def fib(n):", max_tokens=64, temperature=0)
+        ...     print(r.text, r.stats.tau)
+    """
+
+    def __init__(
+        self,
+        target: str | os.PathLike,
+        drafter: str | os.PathLike | None = None,
+        *,
+        n_ctx: int = 4096,
+        n_threads: int | None = None,
+        n_gpu_layers: int = 0,
+        n_max: int | None = None,
+        n_min: int = 0,
+        exact_head: bool = False,
+        verbose: bool = False,
+    ) -> None:
+        self.target = Target(target, n_ctx=n_ctx, n_threads=n_threads, n_gpu_layers=n_gpu_layers, verbose=verbose)
+        self.drafter: Drafter | None = None
+        try:
+            if drafter is not None:
+                self.drafter = Drafter(drafter, self.target, n_ctx=self.target.info.n_ctx, n_threads=n_threads,
+                                       exact_head=exact_head)
+            self.n_max, self.n_min = self._check_spec(n_max, n_min)
+        except BaseException:
+            self.close()
+            raise
+
+    def _check_spec(self, n_max: int | None, n_min: int) -> tuple[int, int]:
+        block = self.drafter.info.block_size if self.drafter else 1
+        if n_max is None:
+            n_max = max(block - 1, 1)
+        if not isinstance(n_max, int) or n_max < 0:
+            raise errors.InvalidArgumentError(f"n_max must be an int >= 0, got {n_max!r}")
+        if not isinstance(n_min, int) or not 0 <= n_min <= n_max:
+            raise errors.InvalidArgumentError(f"n_min must be an int in 0..n_max, got {n_min!r}")
+        return min(n_max, max(block - 1, 1)), n_min
+
+    # -- lifetime ------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Free the drafter and the target (idempotent)."""
+        if getattr(self, "drafter", None) is not None:
+            self.drafter.close()
+        if getattr(self, "target", None) is not None:
+            self.target.close()
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- generation ----------------------------------------------------------------------------
+
+    def generate(self, prompt: str | Sequence[int], *, n_max: int | None = None, n_min: int | None = None,
+                 **options) -> Result:  # type: ignore[no-untyped-def]
+        """Generate from text or token ids; options as ``Target.generate``."""
+        call, opts = self._generation(prompt, options, n_max, n_min)
+        with self.target._lock:
+            return generation.run(call, opts)
+
+    def stream(self, prompt: str | Sequence[int], *, n_max: int | None = None, n_min: int | None = None,
+               **options) -> Iterator[str]:  # type: ignore[no-untyped-def]
+        """Like ``generate`` but yields text pieces as they are committed."""
+        call, opts = self._generation(prompt, options, n_max, n_min)
+        return generation.stream(call, opts, self.target._lock)
+
+    def chat(self, messages: Sequence[Message], **options) -> Result:  # type: ignore[no-untyped-def]
+        """Generate the assistant's reply with the target's chat template."""
+        prompt = self.target.apply_chat_template(messages)
+        return self.generate(self.target.tokenize(prompt, parse_special=True), **options)
+
+    def _generation(self, prompt, options, n_max, n_min):  # type: ignore[no-untyped-def]
+        if self.drafter is None:
+            return self.target._generation(prompt, options)
+        n_max, n_min = self._check_spec(self.n_max if n_max is None else n_max, self.n_min if n_min is None else n_min)
+        opts = SamplingOptions.build(**options)
+        tokens = self.target.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
+        array = self.target._token_array(tokens, allow_empty=False)
+        spec = ffi.new("dflash_spec_params *", {"n_max": n_max, "n_min": n_min})
+        target, drafter = self.target._h(), self.drafter._h()
+
+        def call(params, callback, user_data, out):  # type: ignore[no-untyped-def]
+            return lib.dflash_generate_speculative(target, drafter, array, len(tokens), spec, params, callback,
+                                                   user_data, out)
+
+        return call, opts
