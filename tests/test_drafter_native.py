@@ -385,14 +385,14 @@ def _copy_gguf(src: Path, dst: Path, extra: dict[str, np.ndarray]) -> None:
     """Rewrite a GGUF with every key and F32 tensor of ``src`` plus ``extra`` tensors."""
     import gguf as gg
 
-    from pydflash.convert import _field_kv
+    from pydflash.convert import read_gguf_header
 
+    header = read_gguf_header(src)
     reader = gg.GGUFReader(str(src))
     writer = gg.GGUFWriter(str(dst), reader.fields["general.architecture"].contents())
-    for name, fld in reader.fields.items():
-        if name.startswith("GGUF.") or name == "general.architecture":
+    for name, kv in header.kv.items():
+        if name == "general.architecture":
             continue
-        kv = _field_kv(fld)
         writer.add_key_value(kv.key, kv.value, kv.type, kv.sub_type)
     for t in reader.tensors:
         assert t.tensor_type == gg.GGMLQuantizationType.F32
