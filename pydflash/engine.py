@@ -11,7 +11,7 @@ import os
 from typing import Iterator, Sequence
 
 from . import errors, generation
-from ._bindings import ffi, lib
+from ._bindings import check, ffi, lib
 from .drafter import Drafter
 from .generation import Result, SamplingOptions
 from .target import Message, Target
@@ -44,15 +44,18 @@ class Engine:
         n_gpu_layers: int = 0,
         n_max: int | None = None,
         n_min: int = 0,
+        n_seq_max: int = 1,
         exact_head: bool = False,
         verbose: bool = False,
     ) -> None:
-        self.target = Target(target, n_ctx=n_ctx, n_threads=n_threads, n_gpu_layers=n_gpu_layers, verbose=verbose)
+        self.target = Target(target, n_ctx=n_ctx, n_threads=n_threads, n_gpu_layers=n_gpu_layers,
+                             n_seq_max=n_seq_max, verbose=verbose)
         self.drafter: Drafter | None = None
+        self._drafter_args = (drafter, dict(n_ctx=self.target.info.n_ctx, n_threads=n_threads, exact_head=exact_head))
+        self._seq_drafters: list[Drafter] = []  # drafters of sequences 1.. in generate_batch
         try:
             if drafter is not None:
-                self.drafter = Drafter(drafter, self.target, n_ctx=self.target.info.n_ctx, n_threads=n_threads,
-                                       exact_head=exact_head)
+                self.drafter = Drafter(drafter, self.target, **self._drafter_args[1])
             self.n_max, self.n_min = self._check_spec(n_max, n_min)
         except BaseException:
             self.close()
@@ -72,6 +75,8 @@ class Engine:
 
     def close(self) -> None:
         """Free the drafter and the target (idempotent)."""
+        for d in getattr(self, "_seq_drafters", []):
+            d.close()
         if getattr(self, "drafter", None) is not None:
             self.drafter.close()
         if getattr(self, "target", None) is not None:
@@ -102,6 +107,36 @@ class Engine:
         """Generate the assistant's reply with the target's chat template."""
         prompt = self.target.apply_chat_template(messages)
         return self.generate(self.target.tokenize(prompt, parse_special=True), **options)
+
+    def generate_batch(self, prompts: Sequence[str | Sequence[int]], *, n_max: int | None = None,
+                       n_min: int | None = None, **options) -> list[Result]:  # type: ignore[no-untyped-def]
+        """Generate for several prompts together: every step drafts one block per sequence and
+        verifies all blocks in one target batch. Sequence i samples with ``seed + i``. Needs
+        ``n_seq_max >= len(prompts)``; each extra sequence loads its own drafter context."""
+        if not prompts:
+            return []
+        if len(prompts) > self.target.info.n_seq_max:
+            raise errors.InvalidArgumentError(
+                f"{len(prompts)} prompts but the engine was created with n_seq_max={self.target.info.n_seq_max}")
+        opts = SamplingOptions.build(**options)
+        n_max, n_min = self._check_spec(self.n_max if n_max is None else n_max, self.n_min if n_min is None else n_min)
+        token_lists = [self.target.tokenize(p) if isinstance(p, str) else list(p) for p in prompts]
+        arrays = [self.target._token_array(t, allow_empty=False) for t in token_lists]
+        drafters = ffi.NULL
+        if self.drafter is not None:
+            while len(self._seq_drafters) < len(prompts) - 1:
+                self._seq_drafters.append(Drafter(self._drafter_args[0], self.target, **self._drafter_args[1]))
+            handles = [self.drafter._h()] + [d._h() for d in self._seq_drafters[: len(prompts) - 1]]
+            drafters = ffi.new("dflash_drafter *[]", handles)
+        keepalive: list = []
+        params = opts.to_native(keepalive)
+        spec = ffi.new("dflash_spec_params *", {"n_max": n_max, "n_min": n_min})
+        outs = ffi.new("dflash_output *[]", len(prompts))
+        with self.target._lock:
+            check(lib.dflash_generate_batch(self.target._h(), drafters, ffi.new("const int32_t *[]", arrays),
+                                            ffi.new("int32_t[]", [len(t) for t in token_lists]), len(prompts),
+                                            spec, params, outs))
+        return [generation.take_output(outs[i]) for i in range(len(prompts))]
 
     def _generation(self, prompt, options, n_max, n_min):  # type: ignore[no-untyped-def]
         if self.drafter is None:

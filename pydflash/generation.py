@@ -159,18 +159,24 @@ def run(call: NativeCall, options: SamplingOptions, on_piece: Callable[[str], bo
     handle = ffi.new_handle(on_token)
     out = ffi.new("dflash_output **")
     check(call(params, TOKEN_CALLBACK if on_piece else ffi.NULL, handle if on_piece else ffi.NULL, out))
+    result = take_output(out[0])
+    if failure:
+        raise failure[0]
+    return result
+
+
+def take_output(output) -> Result:  # type: ignore[no-untyped-def]
+    """Copy a native ``dflash_output`` into a ``Result`` and free it."""
     try:
-        if failure:
-            raise failure[0]
         n = ffi.new("int32_t *")
-        tokens_ptr = lib.dflash_output_tokens(out[0], n)
+        tokens_ptr = lib.dflash_output_tokens(output, n)
         tokens = list(ffi.unpack(tokens_ptr, n[0])) if n[0] else []
         n_bytes = ffi.new("size_t *")
-        text_ptr = lib.dflash_output_text(out[0], n_bytes)
+        text_ptr = lib.dflash_output_text(output, n_bytes)
         text = ffi.unpack(text_ptr, n_bytes[0]).decode("utf-8", "replace")
-        stats = Stats.from_native(lib.dflash_output_stats(out[0]))
+        stats = Stats.from_native(lib.dflash_output_stats(output))
     finally:
-        lib.dflash_output_free(out[0])
+        lib.dflash_output_free(output)
     return Result(text=text, tokens=tokens, stats=stats)
 
 

@@ -239,26 +239,75 @@ dflash_status dflash_target_generate_replay(dflash_target * target, const int32_
     });
 }
 
+namespace {
+
+// Checks a drafter against the target and the spec; returns the loop settings.
+dflash::SpeculativeParams spec_for(const dflash_target * target, const dflash_drafter * drafter,
+                                   const dflash_spec_params & spec) {
+    if (spec.n_max < 0 || spec.n_min < 0) {
+        fail(DFLASH_ERR_INVALID_ARGUMENT, "n_max and n_min must be >= 0 (got %d, %d)", spec.n_max, spec.n_min);
+    }
+    int32_t block = 2;
+    if (drafter) {
+        require(drafter->impl != nullptr, "drafter is closed");
+        const auto & hp = drafter->impl->hparams();
+        const auto & t = target->impl;
+        if (hp.n_embd != t.n_embd() || hp.n_vocab != t.n_vocab()) {
+            fail(DFLASH_ERR_MISMATCH,
+                 "the drafter (hidden %d, vocab %d) does not belong to this target (hidden %d, vocab %d)",
+                 hp.n_embd, hp.n_vocab, t.n_embd(), t.n_vocab());
+        }
+        block = std::max(hp.block_size, 2);
+    }
+    dflash::SpeculativeParams sp{std::min(spec.n_max, block - 1), 0};
+    sp.n_min = std::min(spec.n_min, sp.n_max);
+    return sp;
+}
+
+}  // namespace
+
 dflash_status dflash_generate_speculative(dflash_target * target, dflash_drafter * drafter, const int32_t * prompt,
                                           int32_t n_prompt, const dflash_spec_params * spec,
                                           const dflash_generate_params * params, dflash_token_callback callback,
                                           void * user_data, dflash_output ** out) {
     return guarded([&] {
-        require(target && drafter && drafter->impl && prompt && spec && params && out, "NULL argument");
+        require(target && drafter && prompt && spec && params && out, "NULL argument");
         *out = nullptr;
-        const auto & hp = drafter->impl->hparams();
-        const auto & t = target->impl;
-        if (hp.n_embd != t.n_embd() || hp.n_vocab != t.n_vocab()) {
-            fail(DFLASH_ERR_MISMATCH, "the drafter (hidden %d, vocab %d) does not belong to this target (hidden %d, vocab %d)",
-                 hp.n_embd, hp.n_vocab, t.n_embd(), t.n_vocab());
-        }
-        if (spec->n_max < 0 || spec->n_min < 0) {
-            fail(DFLASH_ERR_INVALID_ARGUMENT, "n_max and n_min must be >= 0 (got %d, %d)", spec->n_max, spec->n_min);
-        }
-        dflash::SpeculativeParams sp{std::min(spec->n_max, std::max(hp.block_size - 1, 1)), spec->n_min};
-        sp.n_min = std::min(sp.n_min, sp.n_max);
+        const auto sp = spec_for(target, drafter, *spec);
         dflash::DFlashDraftSource source(*drafter->impl, params->sampling.seed);
         *out = dflash::generate(target->impl, &source, sp, prompt, n_prompt, *params, callback, user_data).release();
+    });
+}
+
+dflash_status dflash_generate_batch(dflash_target * target, dflash_drafter * const * drafters,
+                                    const int32_t * const * prompts, const int32_t * n_prompts, int32_t n_seq,
+                                    const dflash_spec_params * spec, const dflash_generate_params * params,
+                                    dflash_output ** outs) {
+    return guarded([&] {
+        require(target && prompts && n_prompts && spec && params && outs && n_seq > 0, "invalid batch arguments");
+        std::vector<std::unique_ptr<dflash::DFlashDraftSource>> sources;
+        std::vector<dflash::DraftSource *> sources_raw;
+        std::vector<const int32_t *> p(prompts, prompts + n_seq);
+        std::vector<int32_t> n(n_prompts, n_prompts + n_seq);
+        dflash::SpeculativeParams sp = spec_for(target, nullptr, *spec);
+        for (int32_t i = 0; i < n_seq; ++i) {
+            require(p[size_t(i)] != nullptr, "a prompt is NULL");
+            dflash_drafter * d = drafters ? drafters[i] : nullptr;
+            if (d) {
+                sp = spec_for(target, d, *spec);
+                for (int32_t j = 0; j < i; ++j) {
+                    require(drafters[j] != d, "each sequence needs its own drafter handle");
+                }
+                sources.push_back(std::make_unique<dflash::DFlashDraftSource>(*d->impl, params->sampling.seed + i));
+                sources_raw.push_back(sources.back().get());
+            } else {
+                sources_raw.push_back(nullptr);
+            }
+        }
+        auto results = dflash::generate_batch(target->impl, sources_raw, sp, p, n, *params, nullptr, nullptr);
+        for (int32_t i = 0; i < n_seq; ++i) {
+            outs[i] = results[size_t(i)].release();
+        }
     });
 }
 

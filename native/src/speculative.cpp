@@ -130,139 +130,248 @@ bool accept_or_resample(const Distribution & p, const Distribution & q, int32_t 
     return false;
 }
 
+namespace {
+
+// One sequence of a (batched) generation: its prompt, drafter, RNG, committed state and output.
+struct Sequence {
+    int32_t         seq_id = 0;
+    const int32_t * prompt = nullptr;
+    int32_t         n_prompt = 0;
+    DraftSource *   drafter = nullptr;
+    Rng             rng;
+    std::unique_ptr<dflash_output> out = std::make_unique<dflash_output>();
+    std::unique_ptr<Committer>     committer;
+    int32_t n_past = 0;   // positions < n_past are committed and decoded
+    int32_t anchor = -1;  // the last committed token, not yet decoded
+    bool    running = false;
+    Draft   draft;
+    int32_t row0 = 0;     // first row of this sequence's block in the step's batch
+};
+
+void prefill(Target & target, Sequence & s, const dflash_generate_params & params, Distribution & scratch) {
+    auto & st = s.out->stats;
+    st.n_prompt = s.n_prompt;
+    const auto t0 = clock_type::now();
+    target.rollback(s.seq_id, 0);
+    if (s.drafter) {
+        s.drafter->begin(s.prompt, s.n_prompt);
+    }
+    for (int32_t i = 0; i < s.n_prompt; i += target.n_batch()) {
+        const int32_t n = std::min(target.n_batch(), s.n_prompt - i);
+        target.decode(s.seq_id, s.prompt + i, nullptr, n, false);
+        if (s.drafter) {
+            s.drafter->commit(i, n, tap_slices(target, 0));
+        }
+    }
+    // the first token comes from the prompt's last row
+    s.n_past = s.n_prompt;
+    s.anchor = sample_token(target.logits(-1), target.n_vocab(), params.sampling, s.rng, scratch);
+    s.running = params.max_tokens != 0;
+    if (!s.running) {
+        st.stop_reason = DFLASH_STOP_MAX_TOKENS;
+    } else {
+        s.running = s.committer->push(s.anchor);
+    }
+    st.t_prefill_ms = ms_since(t0);
+}
+
+// How many drafts sequence s may verify this step, or -1 when its context is full.
+int32_t draft_budget(const Target & target, const Sequence & s, const SpeculativeParams & spec,
+                     const dflash_generate_params & params) {
+    if (s.n_past >= target.n_ctx()) {
+        return -1;
+    }
+    int32_t k = std::min(spec.n_max, target.n_ctx() - 1 - s.n_past);
+    if (params.max_tokens >= 0) {
+        k = std::min(k, params.max_tokens - s.out->stats.n_generated - 1);
+    }
+    return std::max(k, 0);
+}
+
+// Accept the longest verified prefix of s's draft and the target's own next token; commit them.
+void accept(Target & target, Sequence & s, const dflash_generate_params & params, Distribution & p_row) {
+    auto & st = s.out->stats;
+    const auto t0 = clock_type::now();
+    const int32_t n_draft = int32_t(s.draft.tokens.size());
+    const float temperature = params.sampling.temperature;
+    int32_t n_acc = 0;
+    int32_t next = -1;
+    for (; n_acc < n_draft; ++n_acc) {
+        const float * row = target.logits(s.row0 + n_acc);
+        const int32_t y = s.draft.tokens[size_t(n_acc)];
+        if (temperature <= 0.0f) {
+            next = argmax(row, target.n_vocab());
+            if (next != y) {
+                break;
+            }
+        } else {
+            build_distribution(row, target.n_vocab(), params.sampling, p_row);
+            if (!accept_or_resample(p_row, s.draft.q.at(size_t(n_acc)), y, s.rng, &next)) {
+                break;
+            }
+        }
+        next = -1;
+    }
+    if (next < 0) {  // all drafts accepted (or none proposed): the bonus token
+        next = sample_token(target.logits(s.row0 + n_draft), target.n_vocab(), params.sampling, s.rng, p_row);
+    }
+    st.n_accepted += n_acc;
+    for (int32_t i = 0; i < std::min(n_acc, 16); ++i) {
+        st.n_accepted_per_pos[i]++;
+    }
+    // rows 0..n_acc of the block stay in both caches, the rest is rolled back
+    const int32_t n_commit = n_acc + 1;
+    if (s.drafter) {
+        s.drafter->commit(s.n_past, n_commit, tap_slices(target, s.row0));
+    }
+    if (n_commit < n_draft + 1) {
+        target.rollback(s.seq_id, s.n_past + n_commit);
+    }
+    s.n_past += n_commit;
+    st.t_accept_ms += ms_since(t0);
+    for (int32_t i = 0; i < n_acc && s.running; ++i) {
+        s.running = s.committer->push(s.draft.tokens[size_t(i)]);
+    }
+    if (s.running) {
+        s.running = s.committer->push(next);
+    }
+    s.anchor = next;
+}
+
+}  // namespace
+
+std::vector<std::unique_ptr<dflash_output>> generate_batch(Target & target, const std::vector<DraftSource *> & drafters,
+                                                           const SpeculativeParams & spec,
+                                                           const std::vector<const int32_t *> & prompts,
+                                                           const std::vector<int32_t> & n_prompts,
+                                                           const dflash_generate_params & params,
+                                                           dflash_token_callback callback, void * user_data) {
+    validate(params, spec);
+    const size_t n_seq = prompts.size();
+    if (n_seq == 0 || n_prompts.size() != n_seq || drafters.size() != n_seq) {
+        fail(DFLASH_ERR_INVALID_ARGUMENT, "need one prompt (and drafter slot) per sequence");
+    }
+    if (int32_t(n_seq) > target.info().n_seq_max) {
+        fail(DFLASH_ERR_INVALID_ARGUMENT, "%zu sequences but the target was created for %d (n_seq_max)", n_seq,
+             target.info().n_seq_max);
+    }
+    if (int32_t(n_seq) * (spec.n_max + 1) > target.n_batch()) {
+        fail(DFLASH_ERR_INVALID_ARGUMENT, "%zu sequences x %d rows per block exceed the batch size %d", n_seq,
+             spec.n_max + 1, target.n_batch());
+    }
+    for (size_t i = 0; i < n_seq; ++i) {
+        if (n_prompts[i] <= 0) {
+            fail(DFLASH_ERR_INVALID_ARGUMENT, "prompt %zu is empty", i);
+        }
+        if (n_prompts[i] >= target.n_ctx()) {
+            fail(DFLASH_ERR_CONTEXT_FULL, "prompt %zu has %d tokens but the context holds %d (leave room to generate)",
+                 i, n_prompts[i], target.n_ctx());
+        }
+    }
+    std::vector<int32_t> taps;
+    for (auto * d : drafters) {
+        if (d) {
+            if (!taps.empty() && d->tap_layers() != taps) {
+                fail(DFLASH_ERR_INVALID_ARGUMENT, "all drafters of a batch must tap the same target layers");
+            }
+            taps = d->tap_layers();
+        }
+    }
+    target.set_taps(taps);
+
+    const auto t_start = clock_type::now();
+    Distribution p_row;
+    std::vector<Sequence> seqs(n_seq);
+    for (size_t i = 0; i < n_seq; ++i) {
+        auto & s = seqs[i];
+        s.seq_id = int32_t(i);
+        s.prompt = prompts[i];
+        s.n_prompt = n_prompts[i];
+        s.drafter = drafters[i];
+        s.rng.reseed(params.sampling.seed + i);  // sequence i samples with seed + i
+        s.committer = std::make_unique<Committer>(target, params, n_seq == 1 ? callback : nullptr,
+                                                  n_seq == 1 ? user_data : nullptr, *s.out);
+        prefill(target, s, params, p_row);
+    }
+
+    std::vector<int32_t> rows;
+    std::vector<Target::Chunk> chunks;
+    std::vector<Sequence *> active;
+    while (true) {
+        // -- draft: every running sequence proposes its block [anchor, d_1..d_k]
+        active.clear();
+        for (auto & s : seqs) {
+            if (!s.running) {
+                continue;
+            }
+            const int32_t k = draft_budget(target, s, spec, params);
+            if (k < 0) {
+                s.out->stats.stop_reason = DFLASH_STOP_CONTEXT;
+                s.running = false;
+                continue;
+            }
+            s.draft = Draft{};
+            if (s.drafter && k > 0) {
+                const auto t0 = clock_type::now();
+                s.draft = s.drafter->draft(s.anchor, s.n_past, k, params.sampling.temperature, s.rng);
+                s.out->stats.t_draft_ms += ms_since(t0);
+                if (int32_t(s.draft.tokens.size()) > k) {
+                    s.draft.tokens.resize(size_t(k));
+                }
+                if (int32_t(s.draft.tokens.size()) < std::max(spec.n_min, 1)) {
+                    s.draft.tokens.clear();
+                }
+            }
+            active.push_back(&s);
+        }
+        if (active.empty()) {
+            break;
+        }
+
+        // -- verify: all blocks in one target batch
+        rows.clear();
+        chunks.clear();
+        bool any_draft = false;
+        for (auto * s : active) {
+            s->row0 = int32_t(rows.size());
+            rows.push_back(s->anchor);
+            rows.insert(rows.end(), s->draft.tokens.begin(), s->draft.tokens.end());
+            any_draft = any_draft || !s->draft.tokens.empty();
+        }
+        for (auto * s : active) {
+            chunks.push_back({s->seq_id, rows.data() + s->row0, int32_t(s->draft.tokens.size()) + 1});
+        }
+        const auto t_verify = clock_type::now();
+        target.decode_chunks(chunks, any_draft);
+        const double verify_ms = ms_since(t_verify);
+        for (auto * s : active) {
+            auto & st = s->out->stats;
+            st.t_verify_ms += verify_ms;
+            st.n_verify_steps++;
+            st.n_drafted += int32_t(s->draft.tokens.size());
+        }
+
+        // -- accept, per sequence
+        for (auto * s : active) {
+            accept(target, *s, params, p_row);
+        }
+    }
+
+    std::vector<std::unique_ptr<dflash_output>> outs;
+    for (auto & s : seqs) {
+        s.committer->finish();
+        s.out->stats.t_total_ms = ms_since(t_start);
+        outs.push_back(std::move(s.out));
+    }
+    return outs;
+}
+
 std::unique_ptr<dflash_output> generate(Target & target, DraftSource * drafter, const SpeculativeParams & spec,
                                         const int32_t * prompt, int32_t n_prompt,
                                         const dflash_generate_params & params, dflash_token_callback callback,
                                         void * user_data) {
-    validate(params, spec);
-    if (n_prompt <= 0) {
-        fail(DFLASH_ERR_INVALID_ARGUMENT, "the prompt is empty");
-    }
-    if (n_prompt >= target.n_ctx()) {
-        fail(DFLASH_ERR_CONTEXT_FULL, "the prompt has %d tokens but the context holds %d (leave room to generate)",
-             n_prompt, target.n_ctx());
-    }
-    auto out = std::make_unique<dflash_output>();
-    auto & st = out->stats;
-    st.n_prompt = n_prompt;
-    const auto t_start = clock_type::now();
-    const float temperature = params.sampling.temperature;
-    Rng rng(params.sampling.seed);
-    Distribution p_row;
-    Committer committer(target, params, callback, user_data, *out);
-
-    // -- prefill: the prompt, with the drafter's taps on so it sees every committed row
-    target.set_taps(drafter ? drafter->tap_layers() : std::vector<int32_t>{});
-    target.rollback(0, 0);
-    if (drafter) {
-        drafter->begin(prompt, n_prompt);
-    }
-    for (int32_t i = 0; i < n_prompt; i += target.n_batch()) {
-        const int32_t n = std::min(target.n_batch(), n_prompt - i);
-        target.decode(0, prompt + i, nullptr, n, false);
-        if (drafter) {
-            drafter->commit(i, n, tap_slices(target, 0));
-        }
-    }
-    st.t_prefill_ms = ms_since(t_start);
-
-    // the first token comes from the prompt's last row
-    int32_t n_past = n_prompt;  // positions < n_past are committed and decoded
-    int32_t anchor = sample_token(target.logits(-1), target.n_vocab(), params.sampling, rng, p_row);
-    bool running = params.max_tokens != 0;
-    if (!running) {
-        st.stop_reason = DFLASH_STOP_MAX_TOKENS;
-    } else {
-        running = committer.push(anchor);
-    }
-
-    std::vector<int32_t> batch;
-    while (running) {
-        // room for the block [anchor, d_1..d_k] at positions n_past .. n_past + k
-        if (n_past >= target.n_ctx()) {
-            st.stop_reason = DFLASH_STOP_CONTEXT;
-            break;
-        }
-        int32_t k = std::min(spec.n_max, target.n_ctx() - 1 - n_past);
-        if (params.max_tokens >= 0) {
-            k = std::min(k, params.max_tokens - st.n_generated - 1);
-        }
-        k = std::max(k, 0);
-
-        // -- draft
-        Draft draft;
-        if (drafter && k > 0) {
-            const auto t0 = clock_type::now();
-            draft = drafter->draft(anchor, n_past, k, temperature, rng);
-            st.t_draft_ms += ms_since(t0);
-            if (int32_t(draft.tokens.size()) > k) {
-                draft.tokens.resize(size_t(k));
-            }
-            if (int32_t(draft.tokens.size()) < std::max(spec.n_min, 1)) {
-                draft.tokens.clear();
-            }
-        }
-        const int32_t n_draft = int32_t(draft.tokens.size());
-
-        // -- verify: one target batch
-        const auto t_verify = clock_type::now();
-        batch.assign(1, anchor);
-        batch.insert(batch.end(), draft.tokens.begin(), draft.tokens.end());
-        target.decode(0, batch.data(), nullptr, int32_t(batch.size()), n_draft > 0);
-        st.t_verify_ms += ms_since(t_verify);
-        st.n_verify_steps++;
-        st.n_drafted += n_draft;
-
-        // -- accept: the longest verified prefix, then one token from the target itself
-        const auto t_accept = clock_type::now();
-        int32_t n_acc = 0;
-        int32_t next = -1;
-        for (; n_acc < n_draft; ++n_acc) {
-            const float * row = target.logits(n_acc);
-            const int32_t y = draft.tokens[size_t(n_acc)];
-            if (temperature <= 0.0f) {
-                next = argmax(row, target.n_vocab());
-                if (next != y) {
-                    break;
-                }
-            } else {
-                build_distribution(row, target.n_vocab(), params.sampling, p_row);
-                if (!accept_or_resample(p_row, draft.q.at(size_t(n_acc)), y, rng, &next)) {
-                    break;
-                }
-            }
-            next = -1;
-        }
-        if (next < 0) {  // all drafts accepted (or none proposed): the bonus token
-            next = sample_token(target.logits(n_draft > 0 ? n_draft : -1), target.n_vocab(), params.sampling, rng,
-                                p_row);
-        }
-        st.n_accepted += n_acc;
-        for (int32_t i = 0; i < std::min(n_acc, 16); ++i) {
-            st.n_accepted_per_pos[i]++;
-        }
-
-        // -- commit: rows 0..n_acc of the batch stay in both caches, the rest is rolled back
-        const int32_t n_commit = n_acc + 1;
-        if (drafter) {
-            drafter->commit(n_past, n_commit, tap_slices(target, 0));
-        }
-        if (n_commit < int32_t(batch.size())) {
-            target.rollback(0, n_past + n_commit);
-        }
-        n_past += n_commit;
-        st.t_accept_ms += ms_since(t_accept);
-        for (int32_t i = 0; i < n_acc && running; ++i) {
-            running = committer.push(draft.tokens[size_t(i)]);
-        }
-        if (running) {
-            running = committer.push(next);
-        }
-        anchor = next;
-    }
-    committer.finish();
-    st.t_total_ms = ms_since(t_start);
-    return out;
+    auto outs = generate_batch(target, {drafter}, spec, {prompt}, {n_prompt}, params, callback, user_data);
+    return std::move(outs.front());
 }
 
 Draft ReplayDraftSource::draft(int32_t anchor, int32_t pos, int32_t n_max, float temperature, Rng & rng) {

@@ -291,21 +291,50 @@ void Target::decode(int32_t seq_id, const int32_t * tokens, const int32_t * pos,
         fail(DFLASH_ERR_INVALID_ARGUMENT, "%d tokens exceed the batch size %d", n, n_batch_);
     }
     const int32_t start = llama_memory_seq_pos_max(llama_get_memory(ctx_), seq_id) + 1;
+    batch_.n_tokens = 0;
     for (int32_t i = 0; i < n; ++i) {
-        check_token(tokens[i]);
-        const int32_t p = pos ? pos[i] : start + i;
-        if (p < 0 || p >= n_ctx_) {
-            fail(DFLASH_ERR_CONTEXT_FULL, "position %d is outside the context window (n_ctx %d)", p, n_ctx_);
+        add_row(seq_id, tokens[i], pos ? pos[i] : start + i, all_logits || i == n - 1);
+    }
+    run_batch();
+}
+
+void Target::decode_chunks(const std::vector<Chunk> & chunks, bool all_logits) {
+    int32_t total = 0;
+    for (const auto & c : chunks) {
+        check_seq(c.seq_id);
+        if (c.n <= 0) {
+            fail(DFLASH_ERR_INVALID_ARGUMENT, "empty chunk for sequence %d", c.seq_id);
+        }
+        total += c.n;
+    }
+    if (total <= 0 || total > n_batch_) {
+        fail(DFLASH_ERR_INVALID_ARGUMENT, "%d tokens do not fit the batch size %d", total, n_batch_);
+    }
+    batch_.n_tokens = 0;
+    for (const auto & c : chunks) {
+        const int32_t start = llama_memory_seq_pos_max(llama_get_memory(ctx_), c.seq_id) + 1;
+        for (int32_t i = 0; i < c.n; ++i) {
+            add_row(c.seq_id, c.tokens[i], start + i, all_logits || i == c.n - 1);
         }
     }
-    batch_.n_tokens = n;
-    for (int32_t i = 0; i < n; ++i) {
-        batch_.token[i]     = tokens[i];
-        batch_.pos[i]       = pos ? pos[i] : start + i;
-        batch_.n_seq_id[i]  = 1;
-        batch_.seq_id[i][0] = seq_id;
-        batch_.logits[i]    = all_logits || i == n - 1;
+    run_batch();
+}
+
+void Target::add_row(int32_t seq_id, int32_t token, int32_t pos, bool logits) {
+    check_token(token);
+    if (pos < 0 || pos >= n_ctx_) {
+        fail(DFLASH_ERR_CONTEXT_FULL, "position %d is outside the context window (n_ctx %d)", pos, n_ctx_);
     }
+    const int32_t i = batch_.n_tokens++;
+    batch_.token[i]     = token;
+    batch_.pos[i]       = pos;
+    batch_.n_seq_id[i]  = 1;
+    batch_.seq_id[i][0] = seq_id;
+    batch_.logits[i]    = logits;
+}
+
+void Target::run_batch() {
+    const int32_t n = batch_.n_tokens;
     for (auto & rows : tap_data_) {
         rows.clear();
     }
@@ -323,8 +352,8 @@ void Target::decode(int32_t seq_id, const int32_t * tokens, const int32_t * pos,
             }
         }
     }
+    last_has_logits_.assign(batch_.logits, batch_.logits + n);
     last_n_rows_ = n;
-    last_all_logits_ = all_logits;
 }
 
 const float * Target::logits(int32_t row) const {
@@ -334,9 +363,8 @@ const float * Target::logits(int32_t row) const {
     if (row == -1) {
         row = last_n_rows_ - 1;
     }
-    if (row < 0 || row >= last_n_rows_ || (!last_all_logits_ && row != last_n_rows_ - 1)) {
-        fail(DFLASH_ERR_INVALID_ARGUMENT, "no logits for row %d of the last decode (%d rows, all_logits=%d)",
-             row, last_n_rows_, int(last_all_logits_));
+    if (row < 0 || row >= last_n_rows_ || !last_has_logits_[size_t(row)]) {
+        fail(DFLASH_ERR_INVALID_ARGUMENT, "no logits for row %d of the last decode (%d rows)", row, last_n_rows_);
     }
     const float * out = llama_get_logits_ith(ctx_, row);
     if (!out) {
@@ -358,7 +386,7 @@ void Target::rollback(int32_t seq_id, int32_t pos) {
     if (!llama_memory_seq_rm(llama_get_memory(ctx_), seq_id, pos, -1)) {
         fail(DFLASH_ERR_UNSUPPORTED, "this target's memory cannot be rolled back to position %d", pos);
     }
-    last_n_rows_ = 0;
+    // the last decode's logits and taps stay readable: they are outputs, not cache state
 }
 
 }  // namespace dflash

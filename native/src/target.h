@@ -40,6 +40,16 @@ public:
 
     // Decode one batch on one sequence; pos == nullptr continues after the sequence's end.
     void decode(int32_t seq_id, const int32_t * tokens, const int32_t * pos, int32_t n, bool all_logits);
+
+    // Several sequences in one batch: each chunk continues its sequence. Rows are laid out chunk
+    // after chunk; logits are kept for every row (all_logits) or each chunk's last row.
+    struct Chunk {
+        int32_t         seq_id;
+        const int32_t * tokens;
+        int32_t         n;
+    };
+    void decode_chunks(const std::vector<Chunk> & chunks, bool all_logits);
+
     const float * logits(int32_t row) const;  // row of the last decode; -1 = last
     int32_t last_n_rows() const { return last_n_rows_; }
 
@@ -53,6 +63,8 @@ public:
 
 private:
     static bool eval_callback(struct ggml_tensor * t, bool ask, void * user);
+    void add_row(int32_t seq_id, int32_t token, int32_t pos, bool logits);
+    void run_batch();
     bool arch_has_layer_inputs() const;
     void check_seq(int32_t seq_id) const;
 
@@ -67,7 +79,7 @@ private:
     std::vector<std::string>        tap_names_;  // eval mode: "l_out-<layer-1>"
     std::vector<std::vector<float>> tap_data_;   // eval mode: rows of the last decode
     int32_t last_n_rows_ = 0;
-    bool    last_all_logits_ = false;
+    std::vector<bool> last_has_logits_;  // per row of the last decode
 };
 
 }  // namespace dflash
