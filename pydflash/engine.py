@@ -8,7 +8,7 @@ target's own. With ``drafter=None`` the same loop decodes plainly, one token per
 from __future__ import annotations
 
 import os
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 from . import errors, generation
 from ._bindings import check, ffi, lib
@@ -109,10 +109,13 @@ class Engine:
         return self.generate(self.target.tokenize(prompt, parse_special=True), **options)
 
     def generate_batch(self, prompts: Sequence[str | Sequence[int]], *, n_max: int | None = None,
-                       n_min: int | None = None, **options) -> list[Result]:  # type: ignore[no-untyped-def]
+                       n_min: int | None = None, on_piece: Callable[[int, str], bool | None] | None = None,
+                       **options) -> list[Result]:  # type: ignore[no-untyped-def]
         """Generate for several prompts together: every step drafts one block per sequence and
         verifies all blocks in one target batch. Sequence i samples with ``seed + i``. Needs
-        ``n_seq_max >= len(prompts)``; each extra sequence loads its own drafter context."""
+        ``n_seq_max >= len(prompts)``; each extra sequence loads its own drafter context.
+
+        on_piece(i, text), if given, streams sequence i's text; returning False stops sequence i."""
         if not prompts:
             return []
         if len(prompts) > self.target.info.n_seq_max:
@@ -132,10 +135,16 @@ class Engine:
         params = opts.to_native(keepalive)
         spec = ffi.new("dflash_spec_params *", {"n_max": n_max, "n_min": n_min})
         outs = ffi.new("dflash_output *[]", len(prompts))
+        callback, user_data = ffi.NULL, ffi.NULL
+        if on_piece is not None:
+            handles = [ffi.new_handle(generation.piece_forwarder(lambda text, i=i: on_piece(i, text)))
+                       for i in range(len(prompts))]
+            keepalive.append(handles)
+            callback, user_data = generation.TOKEN_CALLBACK, ffi.new("void *[]", handles)
         with self.target._lock:
             check(lib.dflash_generate_batch(self.target._h(), drafters, ffi.new("const int32_t *[]", arrays),
                                             ffi.new("int32_t[]", [len(t) for t in token_lists]), len(prompts),
-                                            spec, params, outs))
+                                            spec, params, callback, user_data, outs))
         return [generation.take_output(outs[i]) for i in range(len(prompts))]
 
     def _generation(self, prompt, options, n_max, n_min):  # type: ignore[no-untyped-def]

@@ -143,18 +143,8 @@ def run(call: NativeCall, options: SamplingOptions, on_piece: Callable[[str], bo
     """Run one native generation; ``on_piece`` receives streamed text and may return False to stop."""
     keepalive: list = []
     params = options.to_native(keepalive)
-    decoder = _Utf8Pieces()
     failure: list[BaseException] = []
-
-    def on_token(token: int, piece: bytes) -> bool:
-        if on_piece is None:
-            return True
-        try:
-            text = decoder.feed(piece)
-            return on_piece(text) is not False if text else True
-        except BaseException as exc:  # stop the native loop, re-raise below
-            failure.append(exc)
-            return False
+    on_token = piece_forwarder(on_piece, failure)
 
     handle = ffi.new_handle(on_token)
     out = ffi.new("dflash_output **")
@@ -163,6 +153,26 @@ def run(call: NativeCall, options: SamplingOptions, on_piece: Callable[[str], bo
     if failure:
         raise failure[0]
     return result
+
+
+def piece_forwarder(on_piece: Callable[[str], bool | None] | None,
+                    failure: list[BaseException] | None = None) -> Callable[[int, bytes], bool]:
+    """The per-token callable behind a native token callback: decodes streamed UTF-8 bytes and
+    forwards text to ``on_piece``; an exception stops the native loop (kept in ``failure``)."""
+    decoder = _Utf8Pieces()
+
+    def on_token(token: int, piece: bytes) -> bool:
+        if on_piece is None:
+            return True
+        try:
+            text = decoder.feed(piece)
+            return on_piece(text) is not False if text else True
+        except BaseException as exc:
+            if failure is not None:
+                failure.append(exc)
+            return False
+
+    return on_token
 
 
 def take_output(output) -> Result:  # type: ignore[no-untyped-def]

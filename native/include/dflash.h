@@ -387,11 +387,15 @@ dflash_status dflash_generate_speculative(dflash_target * target, dflash_drafter
  * step drafts one block per running sequence and verifies all of them in one target batch.
  * drafters: n_seq entries (each a separate drafter handle, loaded next to this target; an entry
  * may be NULL for plain decoding), or NULL for all-plain. The target needs n_seq_max >= n_seq
- * and n_batch >= n_seq * (n_max + 1). outs receives n_seq outputs (free each). */
+ * and n_batch >= n_seq * (n_max + 1). callback (may be NULL) streams every sequence, called with
+ * user_data[i] for sequence i; returning false stops that sequence only. outs receives n_seq
+ * outputs (free each). */
 dflash_status dflash_generate_batch(dflash_target * target, dflash_drafter * const * drafters,
                                     const int32_t * const * prompts, const int32_t * n_prompts,
                                     int32_t n_seq, const dflash_spec_params * spec,
-                                    const dflash_generate_params * params, dflash_output ** outs);
+                                    const dflash_generate_params * params,
+                                    dflash_token_callback callback, void * const * user_data,
+                                    dflash_output ** outs);
 
 /* ---------------------------------------------------------------------------------------------
  * Quantization

@@ -282,7 +282,7 @@ dflash_status dflash_generate_speculative(dflash_target * target, dflash_drafter
 dflash_status dflash_generate_batch(dflash_target * target, dflash_drafter * const * drafters,
                                     const int32_t * const * prompts, const int32_t * n_prompts, int32_t n_seq,
                                     const dflash_spec_params * spec, const dflash_generate_params * params,
-                                    dflash_output ** outs) {
+                                    dflash_token_callback callback, void * const * user_data, dflash_output ** outs) {
     return guarded([&] {
         require(target && prompts && n_prompts && spec && params && outs && n_seq > 0, "invalid batch arguments");
         std::vector<std::unique_ptr<dflash::DFlashDraftSource>> sources;
@@ -304,7 +304,12 @@ dflash_status dflash_generate_batch(dflash_target * target, dflash_drafter * con
                 sources_raw.push_back(nullptr);
             }
         }
-        auto results = dflash::generate_batch(target->impl, sources_raw, sp, p, n, *params, nullptr, nullptr);
+        std::vector<void *> users(size_t(n_seq), nullptr);
+        if (callback) {
+            require(user_data != nullptr, "user_data is NULL");
+            users.assign(user_data, user_data + n_seq);
+        }
+        auto results = dflash::generate_batch(target->impl, sources_raw, sp, p, n, *params, callback, users);
         for (int32_t i = 0; i < n_seq; ++i) {
             outs[i] = results[size_t(i)].release();
         }

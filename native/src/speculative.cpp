@@ -245,10 +245,11 @@ std::vector<std::unique_ptr<dflash_output>> generate_batch(Target & target, cons
                                                            const std::vector<const int32_t *> & prompts,
                                                            const std::vector<int32_t> & n_prompts,
                                                            const dflash_generate_params & params,
-                                                           dflash_token_callback callback, void * user_data) {
+                                                           dflash_token_callback callback,
+                                                           const std::vector<void *> & user_data) {
     validate(params, spec);
     const size_t n_seq = prompts.size();
-    if (n_seq == 0 || n_prompts.size() != n_seq || drafters.size() != n_seq) {
+    if (n_seq == 0 || n_prompts.size() != n_seq || drafters.size() != n_seq || user_data.size() != n_seq) {
         fail(DFLASH_ERR_INVALID_ARGUMENT, "need one prompt (and drafter slot) per sequence");
     }
     if (int32_t(n_seq) > target.info().n_seq_max) {
@@ -289,8 +290,7 @@ std::vector<std::unique_ptr<dflash_output>> generate_batch(Target & target, cons
         s.n_prompt = n_prompts[i];
         s.drafter = drafters[i];
         s.rng.reseed(params.sampling.seed + i);  // sequence i samples with seed + i
-        s.committer = std::make_unique<Committer>(target, params, n_seq == 1 ? callback : nullptr,
-                                                  n_seq == 1 ? user_data : nullptr, *s.out);
+        s.committer = std::make_unique<Committer>(target, params, callback, user_data[i], *s.out);
         prefill(target, s, params, p_row);
     }
 
@@ -370,7 +370,7 @@ std::unique_ptr<dflash_output> generate(Target & target, DraftSource * drafter, 
                                         const int32_t * prompt, int32_t n_prompt,
                                         const dflash_generate_params & params, dflash_token_callback callback,
                                         void * user_data) {
-    auto outs = generate_batch(target, {drafter}, spec, {prompt}, {n_prompt}, params, callback, user_data);
+    auto outs = generate_batch(target, {drafter}, spec, {prompt}, {n_prompt}, params, callback, {user_data});
     return std::move(outs.front());
 }
 

@@ -24,13 +24,15 @@ std::unique_ptr<dflash_output> generate(Target & target, DraftSource * drafter, 
 
 // Several sequences (sequence i on target seq i, sampling with seed + i): each step drafts one
 // block per running sequence and verifies all blocks in one target batch. drafters[i] may be
-// null (plain decoding for that sequence). The callback streams only when there is one sequence.
+// null (plain decoding for that sequence). The callback streams sequence i with user_data[i];
+// returning false stops that sequence only.
 std::vector<std::unique_ptr<dflash_output>> generate_batch(Target & target, const std::vector<DraftSource *> & drafters,
                                                            const SpeculativeParams & spec,
                                                            const std::vector<const int32_t *> & prompts,
                                                            const std::vector<int32_t> & n_prompts,
                                                            const dflash_generate_params & params,
-                                                           dflash_token_callback callback, void * user_data);
+                                                           dflash_token_callback callback,
+                                                           const std::vector<void *> & user_data);
 
 // Exact speculative sampling of one slot: accept draft token y (proposed with probability
 // q(y)) with probability min(1, p(y)/q(y)); on rejection draw from normalize(max(0, p - q)).
