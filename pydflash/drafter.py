@@ -15,12 +15,12 @@ One drafting round (anchor token ``x`` at position ``s``)::
 from __future__ import annotations
 
 import os
-import threading
 from dataclasses import dataclass
 
 import numpy as np
 
 from . import errors
+from ._handle import NativeObject
 from ._bindings import check, ffi, lib
 
 
@@ -59,7 +59,7 @@ class Proposal:
     candidates: np.ndarray | None  # [n-1, K] int32 (DFlash2)
 
 
-class Drafter:
+class Drafter(NativeObject):
     """A drafter GGUF paired with its target GGUF.
 
     Args:
@@ -75,6 +75,8 @@ class Drafter:
         MismatchError: the drafter does not belong to the target (hidden size, vocabulary, layers).
     """
 
+    _free = staticmethod(lib.dflash_drafter_free)
+
     def __init__(
         self,
         model: str | os.PathLike,
@@ -85,8 +87,7 @@ class Drafter:
         seed: int = 0,
         exact_head: bool = False,
     ) -> None:
-        self._handle = ffi.NULL
-        self._lock = threading.Lock()
+        super().__init__()
         from . import models
 
         if not isinstance(n_ctx, int) or n_ctx < 1:
@@ -118,32 +119,6 @@ class Drafter:
         #: target layers whose *inputs* the drafter reads (HF id + 1): pass to ``Target.set_taps``
         self.target_layers: tuple[int, ...] = tuple(layers[0][i] for i in range(n[0]))
 
-    # -- lifetime ------------------------------------------------------------------------------
-
-    def close(self) -> None:
-        """Free the native drafter (idempotent)."""
-        handle, self._handle = getattr(self, "_handle", ffi.NULL), ffi.NULL
-        if handle != ffi.NULL:
-            with self._lock:
-                lib.dflash_drafter_free(handle)
-
-    def __enter__(self) -> "Drafter":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        self.close()
-
-    @property
-    def closed(self) -> bool:
-        return self._handle == ffi.NULL
-
-    def _h(self):  # type: ignore[no-untyped-def]
-        if self._handle == ffi.NULL:
-            raise errors.ClosedError("this Drafter is closed")
-        return self._handle
 
     # -- context -------------------------------------------------------------------------------
 

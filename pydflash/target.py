@@ -8,13 +8,13 @@ threads safely (they simply take turns).
 from __future__ import annotations
 
 import os
-import threading
 from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 import numpy as np
 
 from . import errors, generation
+from ._handle import NativeObject
 from ._bindings import check, ffi, lib, read_string
 from .generation import Result, SamplingOptions
 
@@ -39,7 +39,7 @@ class TargetInfo:
 Message = dict  # {"role": str, "content": str}
 
 
-class Target:
+class Target(NativeObject):
     """A GGUF target model with plain autoregressive generation and the low-level hooks a DFlash
     drafter needs (hidden-state taps, batched decode, KV rollback).
 
@@ -58,6 +58,8 @@ class Target:
         ...     print(t.generate("The capital of France is", max_tokens=8, temperature=0).text)
     """
 
+    _free = staticmethod(lib.dflash_target_free)
+
     def __init__(
         self,
         model: str | os.PathLike,
@@ -70,8 +72,7 @@ class Target:
         tap_source: str = "auto",
         verbose: bool = False,
     ) -> None:
-        self._handle = ffi.NULL
-        self._lock = threading.Lock()
+        super().__init__()
         from . import models  # local import: models pulls only when asked
 
         for name, value in (("n_ctx", n_ctx), ("n_batch", n_batch), ("n_seq_max", n_seq_max)):
@@ -110,32 +111,6 @@ class Target:
             add_bos=bool(info.add_bos),
         )
 
-    # -- lifetime ------------------------------------------------------------------------------
-
-    def close(self) -> None:
-        """Free the native model and context (idempotent)."""
-        handle, self._handle = getattr(self, "_handle", ffi.NULL), ffi.NULL
-        if handle != ffi.NULL:
-            with self._lock:
-                lib.dflash_target_free(handle)
-
-    def __enter__(self) -> "Target":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        self.close()
-
-    @property
-    def closed(self) -> bool:
-        return self._handle == ffi.NULL
-
-    def _h(self):  # type: ignore[no-untyped-def]
-        if self._handle == ffi.NULL:
-            raise errors.ClosedError("this Target is closed")
-        return self._handle
 
     # -- text ----------------------------------------------------------------------------------
 

@@ -7,15 +7,13 @@ section 3 tables), not taken from ``pydflash.gguf_layout``, so a wrong table fai
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
-import time
-import urllib.request
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from net import free_port, post_json, wait_healthy
 from fixtures_tiny import (
     REFERENCE_CONFIG,
     REFERENCE_HEADER,
@@ -276,18 +274,6 @@ def test_smollm2_target_gguf(tmp_path: Path) -> None:
     check_tensors(reader, written, cfg, "f16")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _post(url: str, body: dict) -> dict:
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=60) as resp:
-        return json.loads(resp.read())
-
-
 def test_converted_drafter_runs_in_pinned_llama_server(tmp_path: Path) -> None:
     """End to end: the pinned llama-server loads the GGUF as DFlash2 next to SmolLM2 and drafts with it."""
     from pydflash import _tools, models
@@ -296,7 +282,7 @@ def test_converted_drafter_runs_in_pinned_llama_server(tmp_path: Path) -> None:
     target = models.path("smollm2-135m")
     write_checkpoint(tmp_path / "draft", smollm2_drafter_config(), seed=4)
     draft = convert(tmp_path / "draft", tmp_path / "draft.gguf", target_gguf=target, outtype="q8_0", progress=False)
-    port = _free_port()
+    port = free_port()
     log_path = tmp_path / "server.log"
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
@@ -305,19 +291,12 @@ def test_converted_drafter_runs_in_pinned_llama_server(tmp_path: Path) -> None:
              "--port", str(port), "--fit", "off", "--no-warmup", "-v"], stdout=log, stderr=subprocess.STDOUT)
     try:
         base = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None, "llama-server exited:\n" + log_path.read_text(errors="replace")[-3000:]
-            try:
-                with urllib.request.urlopen(base + "/health", timeout=2) as resp:
-                    if resp.status == 200:
-                        break
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, "llama-server did not come up"
-            time.sleep(0.3)
+        try:
+            wait_healthy(base, proc, timeout=60)
+        except RuntimeError as exc:
+            raise AssertionError(f"{exc}:\n" + log_path.read_text(errors="replace")[-3000:]) from None
         for temperature in (0.0, 0.8):
-            out = _post(base + "/completion", {"prompt": "The capital of France is", "n_predict": 6,
+            out = post_json(base + "/completion", {"prompt": "The capital of France is", "n_predict": 6,
                                                "temperature": temperature, "seed": 1})
             assert out["content"] and out["timings"]["draft_n"] > 0, out
     finally:

@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import json
-import socket
 import subprocess
 import sys
-import time
-import urllib.request
 
 import pytest
 
 from pydflash._tools import tool_path
+from net import free_port, post_json, wait_healthy
 
 PROMPTS = [
     "The capital of France is",
@@ -22,40 +19,16 @@ PROMPTS = [
 N_PREDICT = 32
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _post(url: str, body: dict) -> dict:
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=120) as resp:
-        return json.loads(resp.read())
-
-
 @pytest.fixture(scope="module")
 def upstream_server(smollm2_path):
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         [str(tool_path("llama-server")), "-m", str(smollm2_path), "--host", "127.0.0.1", "--port", str(port),
          "-c", "2048", "-t", "2", "-np", "1", "--no-webui"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
     base = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"llama-server exited: {proc.stderr.read().decode()[-2000:]}")
-        try:
-            with urllib.request.urlopen(base + "/health", timeout=2) as resp:
-                if resp.status == 200:
-                    break
-        except OSError:
-            time.sleep(0.5)
-    else:
-        proc.kill()
-        raise RuntimeError("llama-server did not become healthy")
+    wait_healthy(base, proc, timeout=120)
     yield base
     proc.terminate()
     proc.wait(timeout=30)
@@ -63,7 +36,7 @@ def upstream_server(smollm2_path):
 
 @pytest.mark.parametrize("prompt", PROMPTS)
 def test_greedy_matches_upstream_llama_server(smollm2, upstream_server, prompt):
-    ref = _post(upstream_server + "/completion", {
+    ref = post_json(upstream_server + "/completion", {
         "prompt": prompt, "n_predict": N_PREDICT, "temperature": 0, "cache_prompt": False,
         "return_tokens": True, "ignore_eos": False,
     })
@@ -74,7 +47,7 @@ def test_greedy_matches_upstream_llama_server(smollm2, upstream_server, prompt):
 
 def test_cli_generate_matches_upstream(smollm2_path, upstream_server):
     prompt = PROMPTS[1]
-    ref = _post(upstream_server + "/completion", {"prompt": prompt, "n_predict": N_PREDICT, "temperature": 0,
+    ref = post_json(upstream_server + "/completion", {"prompt": prompt, "n_predict": N_PREDICT, "temperature": 0,
                                                   "cache_prompt": False})
     proc = subprocess.run(
         [sys.executable, "-m", "pydflash.cli", "generate", "-m", str(smollm2_path), "-p", prompt,
