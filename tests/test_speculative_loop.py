@@ -134,3 +134,29 @@ def test_sampling_distribution_is_preserved(smollm2):
     counts = second_tokens(lambda seed: smollm2.generate(tokens, max_tokens=2, seed=seed, **opts).tokens)
     stat, df = _chi2(counts, exact)
     assert stat < CHI2_CRIT_001[df], (stat, df, counts, exact)
+
+
+def test_eos_inside_an_accepted_block(smollm2):
+    """The plain reply ends with EOS; replayed drafts put it in the middle of a block."""
+    prompt = smollm2.apply_chat_template([{"role": "user", "content": "Say just: yes"}])
+    tokens = smollm2.tokenize(prompt, parse_special=True)
+    plain = smollm2.generate(tokens, max_tokens=64, temperature=0)
+    assert plain.stats.stop_reason == "eos" and smollm2.is_eog(plain.tokens[-1])
+    script = plain.tokens + [1, 2, 3, 4, 5, 6, 7, 8]  # drafts continue past the EOS
+    spec = smollm2._generate_replay(tokens, script, offset=0, n_max=7, max_tokens=64, temperature=0)
+    assert spec.tokens == plain.tokens
+    assert spec.text == plain.text and spec.stats.stop_reason == "eos"
+
+
+@pytest.mark.parametrize("n_max", [1, 4, 7])
+def test_lossless_on_qwen_coder_0_5b(qwen05_path, n_max):
+    from pydflash import Target
+
+    with Target(qwen05_path, n_ctx=512, n_threads=2) as qwen:
+        for prompt in ("def fibonacci(n):", "# sort a list of dicts by key\n"):
+            tokens = qwen.tokenize(prompt)
+            plain = qwen.generate(tokens, max_tokens=24, temperature=0, ignore_eos=True)
+            for offset in (0, 1):
+                spec = qwen._generate_replay(tokens, plain.tokens, offset=offset, n_max=n_max, max_tokens=24,
+                                             temperature=0, ignore_eos=True)
+                _tie_aware_equal(qwen, tokens, plain.tokens, spec.tokens)
