@@ -5,12 +5,16 @@ out), so the output is byte-identical to the pinned ``llama-quantize`` and its p
 rules (use_more_bits for attn_v / ffn_down, fallbacks for rows not divisible by 256, 1-D tensors
 left unquantized) exist exactly once.
 
-DFlash2 tensors under those rules (Q4_K_M): the selector codebooks ``selector_predecessor`` /
-``selector_successor`` [r, V] and ``selector_hidden`` are ordinary 2-D weights and get the
-file type's default (Q4_K; rows of r < 256 values fall back to a 32-block type); the conv
-projections ``*_conv_proj`` likewise; the conv base kernels ``*_conv_base`` [H, T, 2] are
-quantized only if their row (H) is a multiple of the block size, as any 3-D tensor; norms stay
-F32. ``fc.weight`` follows the default rule too.
+DFlash2 tensors under those rules (Q4_K_M; checked on a drafter of the Qwen2.5-Coder-1.5B shape):
+the selector codebooks ``selector_predecessor`` / ``selector_successor`` ([r, V], rows of r=256)
+and ``selector_hidden`` are ordinary 2-D weights and get the file type's default, Q4_K (rows not a
+multiple of 256 fall back to a 32-element block type, as for any tensor); the conv projections
+``*_conv_proj.weight`` get Q4_K as well; the conv base kernels ``*_conv_base`` stay F32 (their
+names carry no ``.weight`` suffix, and llama.cpp quantizes only weight tensors), as do all norms.
+``attn_v`` / ``ffn_down`` get Q6_K on the layers llama.cpp's use_more_bits picks. ``fc.weight``
+follows the default rule (Q4_K): upstream does the same, and our byte-identity with upstream
+matters more than a special case; the native drafter dequantizes ``fc`` to F32 at load and
+sanitises the features it multiplies (the f16-overflow pitfall is about activations, not weights).
 """
 
 from __future__ import annotations
