@@ -32,6 +32,8 @@ def _add_target(p: argparse.ArgumentParser) -> None:
                    help="DFlash/DFlash2 drafter GGUF (converted for this target)")
     p.add_argument("--spec-draft-n-max", type=int, default=None, help="drafts verified per step (default block-1)")
     p.add_argument("--spec-draft-n-min", type=int, default=0, help="shorter drafts are not verified (default 0)")
+    p.add_argument("--spec-draft-p-min", type=float, default=0.0,
+                   help="greedy: cut drafts at the first pick the drafter gives p < P (default 0 = off)")
     p.add_argument("-v", "--verbose", action="store_true", help="show llama.cpp's log")
 
 
@@ -40,6 +42,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
     with Engine(args.model, args.model_draft, n_ctx=args.ctx_size, n_threads=args.threads,
                 n_gpu_layers=args.n_gpu_layers, n_max=args.spec_draft_n_max, n_min=args.spec_draft_n_min,
+                p_min=args.spec_draft_p_min,
                 verbose=args.verbose) as engine:
         target = engine.target
         prompt = target.apply_chat_template([{"role": "user", "content": args.prompt}]) if args.chat else args.prompt

@@ -27,6 +27,8 @@ class Engine:
         n_max: drafts verified per step (llama.cpp's --spec-draft-n-max; default block_size-1,
             clamped to it).
         n_min: shorter drafts are not verified (--spec-draft-n-min).
+        p_min: greedy drafts are cut before the first pick the drafter itself gives a probability
+            below p_min (--spec-draft-p-min; 0 = off).
 
     Example:
         >>> with Engine("smollm2-135m", "drafter.gguf") as engine:
@@ -44,6 +46,7 @@ class Engine:
         n_gpu_layers: int = 0,
         n_max: int | None = None,
         n_min: int = 0,
+        p_min: float = 0.0,
         n_seq_max: int = 1,
         exact_head: bool = False,
         verbose: bool = False,
@@ -57,6 +60,9 @@ class Engine:
             if drafter is not None:
                 self.drafter = Drafter(drafter, self.target, **self._drafter_args[1])
             self.n_max, self.n_min = self._check_spec(n_max, n_min)
+            if not isinstance(p_min, (int, float)) or not 0.0 <= p_min <= 1.0:
+                raise errors.InvalidArgumentError(f"p_min must be in [0, 1], got {p_min!r}")
+            self.p_min = float(p_min)
         except BaseException:
             self.close()
             raise
@@ -133,7 +139,7 @@ class Engine:
             drafters = ffi.new("dflash_drafter *[]", handles)
         keepalive: list = []
         params = opts.to_native(keepalive)
-        spec = ffi.new("dflash_spec_params *", {"n_max": n_max, "n_min": n_min})
+        spec = ffi.new("dflash_spec_params *", {"n_max": n_max, "n_min": n_min, "p_min": self.p_min})
         outs = ffi.new("dflash_output *[]", len(prompts))
         callback, user_data = ffi.NULL, ffi.NULL
         if on_piece is not None:
@@ -154,7 +160,7 @@ class Engine:
         opts = SamplingOptions.build(**options)
         tokens = self.target.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
         array = self.target._token_array(tokens, allow_empty=False)
-        spec = ffi.new("dflash_spec_params *", {"n_max": n_max, "n_min": n_min})
+        spec = ffi.new("dflash_spec_params *", {"n_max": n_max, "n_min": n_min, "p_min": self.p_min})
         target, drafter = self.target._h(), self.drafter._h()
 
         def call(params, callback, user_data, out):  # type: ignore[no-untyped-def]

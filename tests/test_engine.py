@@ -91,3 +91,15 @@ def test_bad_spec_arguments_leave_engine_usable(engine):
     with pytest.raises(pydflash.InvalidArgumentError):
         engine.generate("Hi", n_max=2, n_min=5, max_tokens=2)
     assert engine.generate("Hi", max_tokens=3, temperature=0).stats.n_generated == 3
+
+
+def test_p_min_cuts_unsure_drafts_and_stays_lossless(smollm2_path, drafter_path):
+    """A random drafter is never sure of its picks: p_min = 0.99 cuts every draft to nothing."""
+    with Engine(smollm2_path, drafter_path, n_ctx=512, n_threads=2, n_max=7, p_min=0.99) as e:
+        r = e.generate("def add(a, b):", max_tokens=12, temperature=0, ignore_eos=True)
+        plain = e.target.generate("def add(a, b):", max_tokens=12, temperature=0, ignore_eos=True)
+    assert r.stats.n_drafted == 0 and r.tokens == plain.tokens
+    with Engine(smollm2_path, drafter_path, n_ctx=512, n_threads=2, n_max=7, p_min=0.0) as e:
+        assert e.generate("def add(a, b):", max_tokens=12, temperature=0, ignore_eos=True).stats.n_drafted > 0
+    with pytest.raises(pydflash.InvalidArgumentError):
+        Engine(smollm2_path, drafter_path, n_ctx=512, p_min=1.5)

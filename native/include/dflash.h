@@ -228,6 +228,7 @@ dflash_status dflash_target_generate(dflash_target * target, const int32_t * pro
 typedef struct dflash_spec_params {
     int32_t n_max;   /* most drafts verified per step */
     int32_t n_min;   /* shorter drafts are not verified */
+    float   p_min;   /* greedy: cut a draft before the first pick its drafter gave p < p_min */
 } dflash_spec_params;
 
 /* Testing hook for the speculative loop, independent of any neural drafter: drafts replay

@@ -234,7 +234,7 @@ dflash_status dflash_target_generate_replay(dflash_target * target, const int32_
         *out = nullptr;
         dflash::ReplayDraftSource source(std::vector<int32_t>(continuation, continuation + n_continuation), offset,
                                          target->impl.n_vocab());
-        const dflash::SpeculativeParams sp{spec->n_max, spec->n_min};
+        const dflash::SpeculativeParams sp{spec->n_max, spec->n_min, spec->p_min};
         *out = dflash::generate(target->impl, &source, sp, prompt, n_prompt, *params, callback, user_data).release();
     });
 }
@@ -259,7 +259,7 @@ dflash::SpeculativeParams spec_for(const dflash_target * target, const dflash_dr
         }
         block = std::max(hp.block_size, 2);
     }
-    dflash::SpeculativeParams sp{std::min(spec.n_max, block - 1), 0};
+    dflash::SpeculativeParams sp{std::min(spec.n_max, block - 1), 0, spec.p_min};
     sp.n_min = std::min(spec.n_min, sp.n_max);
     return sp;
 }

@@ -1,9 +1,41 @@
 #include "dflash_draft_source.h"
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 
 namespace dflash {
+
+namespace {
+// softmax probability of `pick` among `scores` (T = 1)
+float softmax_prob(const float * scores, size_t n, size_t pick) {
+    const float mx = *std::max_element(scores, scores + n);
+    double sum = 0.0;
+    for (size_t i = 0; i < n; ++i) {
+        sum += std::exp(double(scores[i] - mx));
+    }
+    return float(std::exp(double(scores[pick] - mx)) / sum);
+}
+
+// How sure the drafter was of each pick: over the selector's K candidates given the previous pick
+// (DFlash2), or over the vocabulary (v1).
+std::vector<float> pick_confidence(const Proposal & p, const BlockOutput & block, int32_t n_vocab) {
+    std::vector<float> conf;
+    const size_t n = p.tokens.size();
+    if (!p.candidates.empty()) {
+        const size_t k = p.candidates.size() / n;
+        for (size_t j = 0; j < n; ++j) {
+            const size_t prev = j == 0 ? 0 : size_t(p.indices[j - 1]);  // slot 1: every row is the anchor's
+            conf.push_back(softmax_prob(&p.lattice[(j * k + prev) * k], k, size_t(p.indices[j])));
+        }
+    } else {
+        for (size_t j = 0; j < n; ++j) {  // slot j+1's logits sit at block row j+1
+            conf.push_back(softmax_prob(&block.logits[(j + 1) * size_t(n_vocab)], size_t(n_vocab), size_t(p.tokens[j])));
+        }
+    }
+    return conf;
+}
+}  // namespace
 
 void DFlashDraftSource::begin(const int32_t *, int32_t) {
     drafter_.crop(0);
@@ -21,6 +53,7 @@ Draft DFlashDraftSource::draft(int32_t anchor, int32_t pos, int32_t n_max, float
     Proposal p = drafter_.propose(anchor, pos, n_block, temperature, drafter_.rng());
     Draft out;
     out.tokens = p.tokens;
+    out.confidence = pick_confidence(p, drafter_.last_output(), drafter_.hparams().n_vocab);
     if (temperature > 0.0f) {
         // q per slot as a sparse distribution: over the K candidates (DFlash2) or the vocabulary
         const size_t width = size_t(p.q_width);

@@ -15,6 +15,9 @@ struct Draft {
     std::vector<int32_t> tokens;  // d_1 .. d_k
     // proposal distribution per slot (T > 0): candidate ids and their probabilities q
     std::vector<Distribution> q;
+    // per slot: the probability the drafter itself gave its pick (softmax at T = 1); empty if
+    // unknown. Used for llama.cpp's p_min early stop of greedy drafts.
+    std::vector<float> confidence;
 };
 
 class DraftSource {

@@ -30,6 +30,9 @@ void validate(const dflash_generate_params & params, const SpeculativeParams & s
     if (spec.n_max < 0 || spec.n_min < 0 || spec.n_min > spec.n_max) {
         fail(DFLASH_ERR_INVALID_ARGUMENT, "need 0 <= n_min <= n_max (got n_min %d, n_max %d)", spec.n_min, spec.n_max);
     }
+    if (!(spec.p_min >= 0.0f && spec.p_min <= 1.0f)) {
+        fail(DFLASH_ERR_INVALID_ARGUMENT, "p_min must be in [0, 1] (got %g)", spec.p_min);
+    }
 }
 
 // Tap rows [first, first + n) of the last decode, one pointer per tap.
@@ -317,6 +320,15 @@ std::vector<std::unique_ptr<dflash_output>> generate_batch(Target & target, cons
                 s.out->stats.t_draft_ms += ms_since(t0);
                 if (int32_t(s.draft.tokens.size()) > k) {
                     s.draft.tokens.resize(size_t(k));
+                }
+                if (spec.p_min > 0.0f && params.sampling.temperature <= 0.0f) {
+                    const auto & conf = s.draft.confidence;
+                    for (size_t j = 0; j < std::min(conf.size(), s.draft.tokens.size()); ++j) {
+                        if (conf[j] < spec.p_min) {
+                            s.draft.tokens.resize(j);
+                            break;
+                        }
+                    }
                 }
                 if (int32_t(s.draft.tokens.size()) < std::max(spec.n_min, 1)) {
                     s.draft.tokens.clear();

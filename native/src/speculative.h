@@ -15,6 +15,7 @@ namespace dflash {
 struct SpeculativeParams {
     int32_t n_max = 7;     // most drafts verified per step
     int32_t n_min = 0;     // drafts shorter than this are not verified
+    float   p_min = 0.0f;  // greedy: cut the draft before the first pick the drafter gives < p_min
 };
 
 std::unique_ptr<dflash_output> generate(Target & target, DraftSource * drafter, const SpeculativeParams & spec,
