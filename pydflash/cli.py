@@ -1,4 +1,4 @@
-"""The ``pydflash`` command line: generate, models, convert.
+"""The ``pydflash`` command line: generate, models, convert, quantize, serve.
 
 Flag names follow llama.cpp's tools (-m, -p, -n, --temp, -t, -c, ...), so users can move between
 them without relearning.
@@ -120,14 +120,20 @@ def build_parser() -> argparse.ArgumentParser:
                           add_help=False)
     conv.set_defaults(func=None)
     sub.add_parser("quantize", help="quantize a GGUF: IN OUT [Q4_K_M|Q8_0|Q5_K_M|Q6_K|...]", add_help=False)
+    sub.add_parser("serve", help="OpenAI / llama-server compatible HTTP server (see `pydflash serve -h`)",
+                   add_help=False)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
-    if argv and argv[0] in ("convert", "quantize"):  # these own their flags
+    if argv and argv[0] in ("convert", "quantize", "serve"):  # these own their flags
         try:
+            if argv[0] == "serve":
+                from . import server
+
+                return server.main(argv[1:])
             if argv[0] == "quantize":
                 from . import quantize
 

@@ -60,9 +60,8 @@ class Engine:
             if drafter is not None:
                 self.drafter = Drafter(drafter, self.target, **self._drafter_args[1])
             self.n_max, self.n_min = self._check_spec(n_max, n_min)
-            if not isinstance(p_min, (int, float)) or not 0.0 <= p_min <= 1.0:
-                raise errors.InvalidArgumentError(f"p_min must be in [0, 1], got {p_min!r}")
-            self.p_min = float(p_min)
+            self.p_min = 0.0
+            self.p_min = self._p_min(p_min)
         except BaseException:
             self.close()
             raise
@@ -97,16 +96,17 @@ class Engine:
     # -- generation ----------------------------------------------------------------------------
 
     def generate(self, prompt: str | Sequence[int], *, n_max: int | None = None, n_min: int | None = None,
-                 **options) -> Result:  # type: ignore[no-untyped-def]
-        """Generate from text or token ids; options as ``Target.generate``."""
-        call, opts = self._generation(prompt, options, n_max, n_min)
+                 p_min: float | None = None, **options) -> Result:  # type: ignore[no-untyped-def]
+        """Generate from text or token ids; options as ``Target.generate``; n_max / n_min / p_min
+        override the engine's settings for this call."""
+        call, opts = self._generation(prompt, options, n_max, n_min, p_min)
         with self.target._lock:
             return generation.run(call, opts)
 
     def stream(self, prompt: str | Sequence[int], *, n_max: int | None = None, n_min: int | None = None,
-               **options) -> Iterator[str]:  # type: ignore[no-untyped-def]
+               p_min: float | None = None, **options) -> Iterator[str]:  # type: ignore[no-untyped-def]
         """Like ``generate`` but yields text pieces as they are committed."""
-        call, opts = self._generation(prompt, options, n_max, n_min)
+        call, opts = self._generation(prompt, options, n_max, n_min, p_min)
         return generation.stream(call, opts, self.target._lock)
 
     def chat(self, messages: Sequence[Message], **options) -> Result:  # type: ignore[no-untyped-def]
@@ -115,7 +115,8 @@ class Engine:
         return self.generate(self.target.tokenize(prompt, parse_special=True), **options)
 
     def generate_batch(self, prompts: Sequence[str | Sequence[int]], *, n_max: int | None = None,
-                       n_min: int | None = None, on_piece: Callable[[int, str], bool | None] | None = None,
+                       n_min: int | None = None, p_min: float | None = None,
+                       on_piece: Callable[[int, str], bool | None] | None = None,
                        **options) -> list[Result]:  # type: ignore[no-untyped-def]
         """Generate for several prompts together: every step drafts one block per sequence and
         verifies all blocks in one target batch. Sequence i samples with ``seed + i``. Needs
@@ -139,7 +140,7 @@ class Engine:
             drafters = ffi.new("dflash_drafter *[]", handles)
         keepalive: list = []
         params = opts.to_native(keepalive)
-        spec = ffi.new("dflash_spec_params *", {"n_max": n_max, "n_min": n_min, "p_min": self.p_min})
+        spec = ffi.new("dflash_spec_params *", {"n_max": n_max, "n_min": n_min, "p_min": self._p_min(p_min)})
         outs = ffi.new("dflash_output *[]", len(prompts))
         callback, user_data = ffi.NULL, ffi.NULL
         if on_piece is not None:
@@ -153,14 +154,21 @@ class Engine:
                                             spec, params, callback, user_data, outs))
         return [generation.take_output(outs[i]) for i in range(len(prompts))]
 
-    def _generation(self, prompt, options, n_max, n_min):  # type: ignore[no-untyped-def]
+    def _p_min(self, p_min: float | None) -> float:
+        if p_min is None:
+            return self.p_min
+        if not isinstance(p_min, (int, float)) or not 0.0 <= p_min <= 1.0:
+            raise errors.InvalidArgumentError(f"p_min must be in [0, 1], got {p_min!r}")
+        return float(p_min)
+
+    def _generation(self, prompt, options, n_max, n_min, p_min=None):  # type: ignore[no-untyped-def]
         if self.drafter is None:
             return self.target._generation(prompt, options)
         n_max, n_min = self._check_spec(self.n_max if n_max is None else n_max, self.n_min if n_min is None else n_min)
         opts = SamplingOptions.build(**options)
         tokens = self.target.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
         array = self.target._token_array(tokens, allow_empty=False)
-        spec = ffi.new("dflash_spec_params *", {"n_max": n_max, "n_min": n_min, "p_min": self.p_min})
+        spec = ffi.new("dflash_spec_params *", {"n_max": n_max, "n_min": n_min, "p_min": self._p_min(p_min)})
         target, drafter = self.target._h(), self.drafter._h()
 
         def call(params, callback, user_data, out):  # type: ignore[no-untyped-def]
