@@ -403,11 +403,17 @@ def _upstream(smollm2_path, extra: list[str], tmp: Path, prompts: list[str]) -> 
 
 
 def test_upstream_llama_server_with_our_drafter(smollm2_path, drafter_path, tmp_path):
+    """The shipped llama-server drafts with our converted drafter, as converted (F16) and after
+    our Q4_K_M quantizer; its greedy output equals its own output without a drafter."""
+    from pydflash.quantize import quantize
+
     prompts = PROMPTS[:2]
     plain = _upstream(smollm2_path, [], tmp_path, prompts)
-    spec = _upstream(smollm2_path, ["--spec-type", "draft-dflash", "-md", str(drafter_path),
-                                    "--spec-draft-n-max", "3"], tmp_path, prompts)
-    for a, b in zip(plain, spec):
-        assert b["tokens"] == a["tokens"] and b["content"] == a["content"]
-        assert b["timings"].get("draft_n", 0) > 0  # drafts were proposed and verified
-        assert "draft_n" not in a["timings"]
+    q4 = quantize(drafter_path, tmp_path / "drafter-q4_k_m.gguf", "Q4_K_M", progress=False)
+    for drafter in (drafter_path, q4):
+        spec = _upstream(smollm2_path, ["--spec-type", "draft-dflash", "-md", str(drafter),
+                                        "--spec-draft-n-max", "3"], tmp_path, prompts)
+        for a, b in zip(plain, spec):
+            assert b["tokens"] == a["tokens"] and b["content"] == a["content"]
+            assert b["timings"].get("draft_n", 0) > 0  # drafts were proposed and verified
+            assert "draft_n" not in a["timings"]
