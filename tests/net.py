@@ -7,6 +7,7 @@ import socket
 import subprocess
 import time
 import urllib.request
+from pathlib import Path
 
 
 def free_port() -> int:
@@ -21,12 +22,14 @@ def post_json(url: str, body: dict, timeout: float = 120) -> dict:
         return json.loads(resp.read())
 
 
-def wait_healthy(base: str, proc: subprocess.Popen, timeout: float = 180) -> None:
-    """Poll ``base/health`` until it answers 200; raise if the process dies or time runs out."""
+def wait_healthy(base: str, proc: subprocess.Popen, timeout: float = 180, log: Path | None = None) -> None:
+    """Poll ``base/health`` until it answers 200; raise if the process dies or time runs out
+    (with the tail of the server's ``log`` file, if given)."""
+    tail = (lambda: "\n" + log.read_text(errors="replace")[-3000:]) if log else (lambda: "")
     deadline = time.time() + timeout
     while time.time() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}")
+            raise RuntimeError(f"server exited with {proc.returncode}{tail()}")
         try:
             with urllib.request.urlopen(base + "/health", timeout=2) as resp:
                 if resp.status == 200:
@@ -34,4 +37,4 @@ def wait_healthy(base: str, proc: subprocess.Popen, timeout: float = 180) -> Non
         except OSError:
             time.sleep(0.3)
     proc.kill()
-    raise RuntimeError("server did not become healthy")
+    raise RuntimeError(f"server did not become healthy{tail()}")

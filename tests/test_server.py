@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import re
-import socket
 import subprocess
 import sys
 import threading
@@ -25,6 +24,7 @@ from pathlib import Path
 import openai
 import pytest
 from fixtures_tiny import smollm2_drafter_config, write_checkpoint
+from net import free_port, wait_healthy
 
 from pydflash import Engine
 from pydflash._tools import tool_path
@@ -48,12 +48,6 @@ PROMPTS = [
 CHAT = [{"role": "user", "content": "What is the capital of France?"}]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _request(url: str, body: bytes | dict | None = None, *, key: str | None = API_KEY,
              method: str | None = None) -> tuple[int, bytes]:
     data = body if isinstance(body, (bytes, type(None))) else json.dumps(body).encode()
@@ -72,22 +66,6 @@ def _post_json(url: str, body: dict) -> dict:
     status, raw = _request(url, body)
     assert status == 200, raw
     return json.loads(raw)
-
-
-def _wait_healthy(proc: subprocess.Popen, base: str, log: Path, timeout: float = 180) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited ({proc.returncode}): {log.read_text()[-3000:]}")
-        try:
-            with urllib.request.urlopen(base + "/health", timeout=2) as resp:
-                if resp.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.25)
-    proc.kill()
-    raise RuntimeError(f"server did not become healthy: {log.read_text()[-3000:]}")
 
 
 def _stop(proc: subprocess.Popen) -> None:
@@ -119,7 +97,7 @@ def drafter_path(tmp_path_factory, smollm2_path):
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, smollm2_path, drafter_path):
-    port = _free_port()
+    port = free_port()
     log = tmp_path_factory.mktemp("server-log") / "server.log"
     with open(log, "wb") as f:
         proc = subprocess.Popen(
@@ -130,7 +108,7 @@ def server(tmp_path_factory, smollm2_path, drafter_path):
         )
     base = f"http://127.0.0.1:{port}"
     try:
-        _wait_healthy(proc, base, log)
+        wait_healthy(base, proc, log=log)
         yield base
     finally:
         _stop(proc)
@@ -382,7 +360,7 @@ def test_command_line_errors(capsys):
 
 
 def _upstream(smollm2_path, extra: list[str], tmp: Path, prompts: list[str]) -> list[dict]:
-    port = _free_port()
+    port = free_port()
     log = tmp / f"llama-server-{port}.log"
     with open(log, "wb") as f:
         proc = subprocess.Popen(
@@ -392,7 +370,7 @@ def _upstream(smollm2_path, extra: list[str], tmp: Path, prompts: list[str]) -> 
         )
     base = f"http://127.0.0.1:{port}"
     try:
-        _wait_healthy(proc, base, log)
+        wait_healthy(base, proc, log=log)
         outs = [_post_json(base + "/completion", {"prompt": p, "n_predict": 16, "temperature": 0,
                                                   "cache_prompt": False, "return_tokens": True}, ) for p in prompts]
     finally:
