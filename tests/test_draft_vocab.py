@@ -85,6 +85,17 @@ def test_d2t_round_trip(drafters, smollm2_path):
         assert d.info.n_vocab_draft == VOCAB and d.draft_vocab is None
 
 
+@pytest.mark.parametrize("kind", ["dflash2", "dflash"])
+def test_upstream_libllama_loads_the_reduced_drafter(kind, drafters):
+    """The pinned llama.cpp's own dflash loader accepts the layout (d2t I64 [N], output.weight [H, N])."""
+    from pydflash.model_summary import summarize
+
+    full, reduced, _, _ = drafters[kind]
+    a, b = summarize(full), summarize(reduced)
+    assert b.arch == "dflash" and b.n_vocab == VOCAB
+    assert b.n_params == a.n_params + N_DRAFT * 576 + N_DRAFT  # + its own head rows + d2t
+
+
 def test_writer_refuses_bad_input(drafters, smollm2_path, qwen05_path, tmp_path):
     full, reduced, _, ids = drafters["dflash2"]
     with pytest.raises(ValueError, match="already has a reduced"):
