@@ -169,6 +169,19 @@ def choose(counts: TokenCounts, n: int, *, always: Iterable[int] = ()) -> np.nda
     return np.array(sorted(chosen), dtype=np.int64)
 
 
+def _full_drafter_header(path: str | os.PathLike):  # type: ignore[no-untyped-def]
+    """The header of a full-vocabulary DFlash drafter GGUF, or a ValueError saying why not."""
+    if not Path(path).is_file():
+        raise ValueError(f"drafter {path} not found")
+    src = read_gguf_header(path)
+    arch = src.kv.get("general.architecture")
+    if arch is None or arch.value != ARCH.encode():
+        raise ValueError(f"{path} is not a DFlash drafter GGUF (general.architecture != {ARCH!r})")
+    if D2T in src.tensors:
+        raise ValueError(f"{path} already has a reduced draft vocabulary (d2t); start from the full drafter")
+    return src
+
+
 def write_reduced_drafter(drafter_in: str | os.PathLike, out: str | os.PathLike, target_gguf: str | os.PathLike,
                           ids: Sequence[int] | np.ndarray, *, extra_metadata: dict[str, float | str] | None = None) -> Path:
     """Copy ``drafter_in`` to ``out`` with a draft head over ``ids`` (target token ids).
@@ -177,12 +190,7 @@ def write_reduced_drafter(drafter_in: str | os.PathLike, out: str | os.PathLike,
     the ids themselves (I64, ascending). The input must be a full-vocabulary drafter (no ``d2t``);
     a shipped full-vocabulary ``output.weight`` (which our engine ignores) is replaced.
     """
-    src, tgt = read_gguf_header(drafter_in), read_gguf_header(target_gguf)
-    arch = src.kv.get("general.architecture")
-    if arch is None or arch.value != ARCH.encode():
-        raise ValueError(f"{drafter_in} is not a DFlash drafter GGUF (general.architecture != {ARCH!r})")
-    if D2T in src.tensors:
-        raise ValueError(f"{drafter_in} already has a reduced draft vocabulary (d2t); start from the full drafter")
+    src, tgt = _full_drafter_header(drafter_in), read_gguf_header(target_gguf)
     head = tgt.tensors.get(HEAD) or tgt.tensors.get("token_embd.weight")
     if head is None:
         raise ValueError(f"target {target_gguf} has neither output.weight nor token_embd.weight")
@@ -269,6 +277,9 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
               file=sys.stderr)
         return 2
     try:
+        if args.n < 1:
+            raise ValueError(f"--n must be >= 1, got {args.n}")
+        _full_drafter_header(args.drafter)  # fail before the (slow) calibration
         target_path = models.resolve(args.target)
         prompts = load_prompts(args.prompts, limit=args.limit)
         with Target(target_path, n_ctx=args.n_ctx, n_threads=args.threads) as target:

@@ -316,3 +316,6 @@ def test_cli_reports_coverage_and_writes_the_drafter(drafters, smollm2_path, tmp
     assert main(["draft-vocab", str(drafters["dflash2"][0]), "--target", str(smollm2_path),
                  "--prompts", str(tmp_path / "missing.jsonl")]) == 1
     assert "not found" in capsys.readouterr().err
+    assert main(["draft-vocab", str(tmp_path / "nope.gguf"), "--target", str(smollm2_path), "--prompts",
+                 str(prompts)]) == 1
+    assert "drafter" in capsys.readouterr().err
