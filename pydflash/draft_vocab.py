@@ -235,9 +235,12 @@ def write_reduced_drafter(drafter_in: str | os.PathLike, out: str | os.PathLike,
         writer.write_tensor_data(np.ascontiguousarray(rows[d2t]))
         writer.write_tensor_data(d2t)
         writer.flush()
-    finally:
         writer.close()
-    os.replace(tmp, out)
+        os.replace(tmp, out)
+    except BaseException:
+        writer.close()
+        tmp.unlink(missing_ok=True)
+        raise
     return out
 
 
