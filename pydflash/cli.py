@@ -140,14 +140,20 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("quantize", help="quantize a GGUF: IN OUT [Q4_K_M|Q8_0|Q5_K_M|Q6_K|...]", add_help=False)
     sub.add_parser("serve", help="OpenAI / llama-server compatible HTTP server (see `pydflash serve -h`)",
                    add_help=False)
+    sub.add_parser("draft-vocab", help="reduced-vocabulary drafter from a calibration prompt set "
+                   "(see `pydflash draft-vocab -h`)", add_help=False)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
-    if argv and argv[0] in ("convert", "quantize", "serve"):  # these own their flags
+    if argv and argv[0] in ("convert", "quantize", "serve", "draft-vocab"):  # these own their flags
         try:
+            if argv[0] == "draft-vocab":
+                from . import draft_vocab
+
+                return draft_vocab.main(argv[1:])
             if argv[0] == "serve":
                 from . import server
 
