@@ -1,0 +1,126 @@
+"""Every input the fuzzers (fuzz/) found to crash, hang or exhaust memory, as a plain test.
+
+Converter findings: malformed checkpoint / target input must give ``ValueError`` naming the
+problem and write nothing. Native loader findings: a drafter file that loads must also draft,
+and one that cannot must fail with a pydflash error, never abort the process.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import pytest
+import torch
+from fixtures_tiny import tiny_config, write_checkpoint, write_hf_target_dir
+
+from pydflash.convert import convert, read_gguf_header
+
+
+@pytest.fixture(scope="module")
+def tiny_target(tmp_path_factory) -> Path:  # noqa: ANN001
+    d = tmp_path_factory.mktemp("target")
+    write_hf_target_dir(d, vocab_size=96, hidden_size=64, n_layers=4)
+    return d
+
+
+def _checkpoint(tmp_path: Path, **config_changes) -> Path:  # noqa: ANN003
+    ckpt = tmp_path / "ckpt"
+    write_checkpoint(ckpt, tiny_config(), dtype=torch.float32)
+    if config_changes:
+        cfg = json.loads((ckpt / "config.json").read_text())
+        for key, value in config_changes.items():
+            (cfg["dflash_config"] if key in cfg["dflash_config"] else cfg)[key] = value
+        (ckpt / "config.json").write_text(json.dumps(cfg))
+    return ckpt
+
+
+def _convert_fails(ckpt: Path, target: Path, tmp_path: Path, needle: str) -> None:
+    out = tmp_path / "out"
+    out.mkdir(exist_ok=True)
+    with pytest.raises(ValueError, match=needle):
+        convert(ckpt, out / "d.gguf", target_model_dir=target, outtype="f32", progress=False)
+    assert list(out.iterdir()) == [], "a failed conversion left files behind"
+
+
+def _rewrite_safetensors_header(ckpt: Path, edit) -> None:  # noqa: ANN001
+    path = ckpt / "model.safetensors"
+    raw = path.read_bytes()
+    n = struct.unpack_from("<Q", raw)[0]
+    header = json.loads(raw[8:8 + n])
+    edit(header)
+    text = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(text)) + text + raw[8 + n:])
+
+
+def test_safetensors_entry_without_data_offsets(tmp_path, tiny_target):
+    # fuzz finding: KeyError 'data_offsets' escaped from the header reader
+    ckpt = _checkpoint(tmp_path)
+    _rewrite_safetensors_header(ckpt, lambda h: h["fc.weight"].pop("data_offsets"))
+    _convert_fails(ckpt, tiny_target, tmp_path, "needs dtype, shape and data_offsets")
+
+
+@pytest.mark.parametrize("offsets", [[0, 10**12], [50, 10], "0-10", [0, -4]])
+def test_safetensors_offsets_outside_the_file(tmp_path, tiny_target, offsets):
+    ckpt = _checkpoint(tmp_path)
+    _rewrite_safetensors_header(ckpt, lambda h: h["fc.weight"].__setitem__("data_offsets", offsets))
+    _convert_fails(ckpt, tiny_target, tmp_path, "data_offsets")
+
+
+def test_safetensors_header_length_beyond_the_file(tmp_path, tiny_target):
+    ckpt = _checkpoint(tmp_path)
+    raw = (ckpt / "model.safetensors").read_bytes()
+    (ckpt / "model.safetensors").write_bytes(struct.pack("<Q", 2**63) + raw[8:])
+    _convert_fails(ckpt, tiny_target, tmp_path, "header claims")
+
+
+def test_safetensors_header_not_json(tmp_path, tiny_target):
+    ckpt = _checkpoint(tmp_path)
+    (ckpt / "model.safetensors").write_bytes(struct.pack("<Q", 4) + b"\xff[[[" + b"\0" * 64)
+    _convert_fails(ckpt, tiny_target, tmp_path, "not valid JSON")
+
+
+def test_config_float_beyond_float32(tmp_path, tiny_target):
+    # fuzz finding: OverflowError from the GGUF writer ("float too large to pack with f format")
+    ckpt = _checkpoint(tmp_path, output_multiplier=1e308)
+    _convert_fails(ckpt, tiny_target, tmp_path, "output_multiplier .* is not a finite float32")
+
+
+def test_config_negative_size_stored_as_u32(tmp_path, tiny_target):
+    # fuzz finding: struct.error "argument out of range" from the GGUF writer
+    ckpt = _checkpoint(tmp_path, max_position_embeddings=-1)
+    _convert_fails(ckpt, tiny_target, tmp_path, "max_position_embeddings -1")
+
+
+def test_config_huge_layer_count_does_not_allocate(tmp_path, tiny_target):
+    # fuzz finding: num_hidden_layers 2**31 with empty layer_types built a 2**31-entry list (OOM)
+    ckpt = _checkpoint(tmp_path, num_hidden_layers=2**31, layer_types="")
+    _convert_fails(ckpt, tiny_target, tmp_path, "num_hidden_layers")
+
+
+@pytest.mark.parametrize("text", ["[1, 2]", '{"dflash_config": 5, "hidden_size": 64}', "[" * 100000, "\xff"])
+def test_config_not_an_object(tmp_path, tiny_target, text):
+    ckpt = _checkpoint(tmp_path)
+    (ckpt / "config.json").write_text(text, encoding="latin-1")
+    _convert_fails(ckpt, tiny_target, tmp_path, "not a valid DFlash config")
+
+
+@pytest.mark.parametrize("cut", [3, 30, 200])
+def test_truncated_target_gguf_header(tmp_path, cut):
+    import numpy as np
+    from gguf import GGUFWriter
+
+    full = tmp_path / "t.gguf"
+    w = GGUFWriter(str(full), "llama")
+    w.add_block_count(4)
+    w.add_token_list([f"t{i}" for i in range(96)])
+    w.add_tensor("token_embd.weight", np.zeros((96, 64), np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    cut_file = tmp_path / "cut.gguf"
+    cut_file.write_bytes(full.read_bytes()[:cut])
+    with pytest.raises(ValueError, match="cut.gguf"):
+        read_gguf_header(cut_file)
