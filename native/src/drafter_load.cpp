@@ -27,6 +27,9 @@ std::string shape_str(const ggml_tensor * t) {
 }
 
 const char * kArch = "dflash";
+// Far above trained DFlash blocks (16); bounds the per-block graph and cache a file can ask for.
+constexpr int32_t kMaxBlockSize = 1024;
+constexpr int32_t kMaxLayers    = 1024;  // drafters have 1-8
 
 }  // namespace
 
@@ -60,6 +63,9 @@ struct DrafterLoader {
         const std::string p = std::string(kArch) + ".";
         hp.n_embd    = int32_t(meta.integer(p + "embedding_length"));
         hp.n_layer   = int32_t(meta.integer(p + "block_count"));
+        if (hp.n_layer <= 0 || hp.n_layer > kMaxLayers) {  // before anything is sized by it
+            fail(DFLASH_ERR_FORMAT, "'%s': %sblock_count %d is outside 1..%d", path, p.c_str(), hp.n_layer, kMaxLayers);
+        }
         hp.n_ff      = int32_t(meta.integer(p + "feed_forward_length"));
         hp.n_head    = int32_t(meta.integer(p + "attention.head_count"));
         hp.n_head_kv = int32_t(meta.integer(p + "attention.head_count_kv", hp.n_head));
@@ -117,9 +123,10 @@ struct DrafterLoader {
             }
         }
         if (hp.n_embd <= 0 || hp.n_layer <= 0 || hp.n_head <= 0 || hp.n_head_kv <= 0 || hp.head_dim <= 0 ||
-            hp.n_head % hp.n_head_kv != 0 || hp.block_size <= 0) {
-            fail(DFLASH_ERR_FORMAT, "'%s': invalid drafter dimensions (embd %d, layers %d, heads %d/%d, head_dim %d, block %d)",
-                 path, hp.n_embd, hp.n_layer, hp.n_head, hp.n_head_kv, hp.head_dim, hp.block_size);
+            hp.n_head % hp.n_head_kv != 0 || hp.block_size <= 0 || hp.block_size > kMaxBlockSize) {
+            fail(DFLASH_ERR_FORMAT, "'%s': invalid drafter dimensions (embd %d, layers %d, heads %d/%d, head_dim %d, "
+                 "block %d; the block must be 1..%d)", path, hp.n_embd, hp.n_layer, hp.n_head, hp.n_head_kv, hp.head_dim,
+                 hp.block_size, kMaxBlockSize);
         }
     }
 

@@ -26,6 +26,7 @@ ARCH_DFLASH = "DFlashDraftModel"
 ARCH_DFLASH2 = "DFlash2DraftModel"
 
 _F32_MAX = 3.4028234663852886e38
+MAX_BLOCK_SIZE = 1024  # the native loader's limit too (trained blocks are 16)
 MAX_LAYERS = 4096  # far above any drafter (they have 1-8); bounds what a hostile config can allocate
 DEFAULT_BLOCK_SIZE = 16  # the reference and upstream converter default when the config has none
 FULL_ATTENTION = "full_attention"
@@ -331,7 +332,7 @@ class DFlashConfig:
         need(not bad, f"unknown layer_types {bad}")
         need(len(self.target_layer_ids) > 0 and min(self.target_layer_ids) >= 0,
              f"target_layer_ids {list(self.target_layer_ids)} must be a non-empty list of ids >= 0")
-        need(self.block_size >= 1, f"block_size {self.block_size} must be >= 1")
+        need(1 <= self.block_size <= MAX_BLOCK_SIZE, f"block_size {self.block_size} must be in 1..{MAX_BLOCK_SIZE}")
         need(self.sliding_window is None or self.sliding_window > 0, "sliding_window must be > 0")
         need(math.isfinite(self.rope_theta) and self.rope_theta > 0, "rope_theta must be > 0")
         if self.mask_token_id is not None:
