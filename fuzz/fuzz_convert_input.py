@@ -33,6 +33,7 @@ sys.path.insert(0, str(HERE.parent / "tests"))
 
 import gguf_edit  # noqa: E402
 import tiny_models  # noqa: E402
+from outcomes import note  # noqa: E402
 
 with atheris.instrument_imports():
     import pydflash.convert
@@ -156,7 +157,9 @@ def run_one(data: bytes) -> None:
     out.unlink(missing_ok=True)
     try:
         convert(ckpt, out, target_gguf=target, outtype="f32", progress=False)
+        note("converted")
     except (ValueError, FileNotFoundError) as exc:
+        note(f"{type(exc).__name__}: {str(exc).replace(str(DIR), '')}")
         if not str(exc):
             raise AssertionError(f"{type(exc).__name__} without a message") from exc
         leftovers = [p.name for p in DIR.iterdir() if p.name not in ("ckpt", "target.gguf")]

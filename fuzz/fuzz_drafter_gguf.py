@@ -31,6 +31,7 @@ sys.path.insert(0, str(HERE.parent / "tests"))
 
 import gguf_edit  # noqa: E402
 import tiny_models  # noqa: E402
+from outcomes import note  # noqa: E402
 
 with atheris.instrument_imports():
     import numpy as np
@@ -137,10 +138,11 @@ def run_one(header: bytes) -> None:
             d.inject(np.ones((2, d.info.n_target_layers * d.info.n_embd), np.float32), [0, 1])
             d.propose(3, 2, min(d.info.block_size, 4), temperature=0.0)
             d.propose(3, 2, min(d.info.block_size, 4), temperature=1.0)
+            note(f"loaded v2={d.info.is_dflash2} layers={d.info.n_layer} block={min(d.info.block_size, 5)}")
     except pydflash.InternalError:
         raise
-    except pydflash.PydflashError:
-        pass
+    except pydflash.PydflashError as exc:
+        note(f"{type(exc).__name__}: {exc}")
 
 
 def TestOneInput(data: bytes) -> None:  # noqa: N802 - atheris' name

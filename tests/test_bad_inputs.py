@@ -179,6 +179,14 @@ def test_block_size_huge(tmp_path, drafter_path, smollm2_path, engine, plain, bl
     still_usable(engine, plain)
 
 
+@pytest.mark.parametrize("layers", [0, 2**32 - 1, 2**31 - 1])
+def test_block_count_out_of_range(tmp_path, drafter_path, smollm2_path, engine, plain, layers):
+    # sized before any tensor is read: a huge count must not allocate per-layer state
+    path = edited(drafter_path, tmp_path, set_int("dflash.block_count", layers))
+    load_fails(path, smollm2_path, pydflash.ModelFormatError, "block_count")
+    still_usable(engine, plain)
+
+
 def test_hidden_size_key_disagrees_with_tensors(tmp_path, drafter_path, smollm2_path, engine, plain):
     path = edited(drafter_path, tmp_path, set_int("dflash.embedding_length", 2**31 - 1))
     load_fails(path, smollm2_path, (pydflash.MismatchError, pydflash.ModelFormatError), "hidden size|embd")

@@ -124,3 +124,29 @@ def test_truncated_target_gguf_header(tmp_path, cut):
     cut_file.write_bytes(full.read_bytes()[:cut])
     with pytest.raises(ValueError, match="cut.gguf"):
         read_gguf_header(cut_file)
+
+
+# --- native loader findings --------------------------------------------------------------------
+
+
+def test_drafter_with_only_sliding_layers_drafts_like_the_reference(tmp_path, smollm2_path):
+    # fuzz seed finding: a drafter whose layers are all sliding aborted in propose (GGML_ASSERT
+    # "tensor buffer not set": the full-attention mask was set although no layer read it)
+    import numpy as np
+
+    from pydflash import Drafter
+    from pydflash.reference import TargetWeights
+    from test_drafter_native import BLOCK, _build, nmse, random_context, reference_block
+
+    gguf, ref = _build(tmp_path, "dflash2", smollm2_path, layer_types=("sliding_attention",) * 2)
+    target = TargetWeights.from_gguf(smollm2_path, dtype=torch.float64)
+    n_ctx, anchor = 30, 777
+    feats = random_context(n_ctx, seed=4)
+    with Drafter(gguf, smollm2_path, n_ctx=64, n_threads=1, exact_head=True) as d:
+        d.inject(feats, np.arange(n_ctx))
+        hidden, logits = d.forward(anchor, n_ctx, BLOCK)
+        proposal = d.propose(anchor, n_ctx, BLOCK, temperature=0.0)
+    ref_hidden, ref_logits = reference_block(ref, feats, np.arange(n_ctx), anchor, n_ctx, target)
+    assert nmse(hidden, ref_hidden.numpy()) <= 1e-6
+    assert nmse(logits, ref_logits.numpy()) <= 1e-6
+    np.testing.assert_array_equal(proposal.tokens, ref.propose(ref_hidden, ref_logits, anchor).tokens.numpy())
