@@ -173,7 +173,7 @@ def TestOneInput(data: bytes) -> None:  # noqa: N802 - atheris' name
 
 def main() -> None:
     logging.disable(logging.WARNING)  # the converter's warnings on odd but valid configs
-    corpus = next((Path(a) for a in sys.argv[1:] if not a.startswith("-")), None)
+    corpus = next((Path(a) for a in sys.argv[1:] if not a.startswith("-") and not Path(a).is_file()), None)
     setup_seeds(corpus)
     argv = list(sys.argv)
     if not any(a.startswith("-max_len=") for a in argv):

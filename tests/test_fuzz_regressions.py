@@ -150,3 +150,57 @@ def test_drafter_with_only_sliding_layers_drafts_like_the_reference(tmp_path, sm
     assert nmse(hidden, ref_hidden.numpy()) <= 1e-6
     assert nmse(logits, ref_logits.numpy()) <= 1e-6
     np.testing.assert_array_equal(proposal.tokens, ref.propose(ref_hidden, ref_logits, anchor).tokens.numpy())
+
+
+@pytest.fixture(scope="module")
+def smol_drafter(tmp_path_factory, smollm2_path) -> Path:
+    from test_drafter_native import _build
+
+    return _build(tmp_path_factory.mktemp("smol-drafter"), "dflash2", smollm2_path)[0]
+
+
+def _edited_drafter_fails(smol_drafter, tmp_path, smollm2_path, key, value, vtype, needle):  # noqa: ANN001
+    import gguf_edit
+    import numpy as np
+
+    import pydflash
+    from pydflash import Drafter
+
+    h = gguf_edit.load(smol_drafter)
+    h.kv[key] = gguf_edit.Value(vtype, value)
+    path = gguf_edit.save(h, tmp_path / "edited.gguf")
+    with pytest.raises(pydflash.ModelFormatError, match=needle):
+        Drafter(path, smollm2_path, n_ctx=16, n_threads=1)
+    with Drafter(smol_drafter, smollm2_path, n_ctx=16, n_threads=1) as d:  # the process is fine
+        d.inject(np.ones((2, d.info.n_target_layers * d.info.n_embd), np.float32), [0, 1])
+        assert d.propose(3, 2).tokens.shape == (d.info.block_size - 1,)
+
+
+@pytest.mark.parametrize("eps", [-1e-5, float("nan"), float("inf"), 0.0])
+def test_drafter_norm_epsilon_not_positive(smol_drafter, tmp_path, smollm2_path, eps):
+    # fuzz finding: a negative epsilon aborted the process in ggml (GGML_ASSERT(eps >= 0.0f) in rms_norm)
+    import gguf_edit
+
+    _edited_drafter_fails(smol_drafter, tmp_path, smollm2_path, "dflash.attention.layer_norm_rms_epsilon", eps,
+                          gguf_edit.FLOAT32, "layer_norm_rms_epsilon")
+
+
+@pytest.mark.parametrize("key,value,needle", [
+    ("dflash.rope.freq_base", -1.0, "freq_base"),
+    ("dflash.logit_scale", float("nan"), "logit_scale"),
+    ("dflash.final_logit_softcapping", -3.0, "softcapping"),
+])
+def test_drafter_non_finite_scales(smol_drafter, tmp_path, smollm2_path, key, value, needle):
+    import gguf_edit
+
+    _edited_drafter_fails(smol_drafter, tmp_path, smollm2_path, key, value, gguf_edit.FLOAT32, needle)
+
+
+@pytest.mark.parametrize("key,value,needle", [
+    ("dflash.selector_rank", -1, "selector_rank"),
+    ("dflash.selector_top_k", 100_000, "selector_top_k"),
+])
+def test_drafter_selector_and_head_sizes(smol_drafter, tmp_path, smollm2_path, key, value, needle):
+    import gguf_edit
+
+    _edited_drafter_fails(smol_drafter, tmp_path, smollm2_path, key, value, gguf_edit.INT32, needle)

@@ -9,6 +9,7 @@
 #include "ggml-cpu.h"
 #include "gguf.h"
 
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <set>
@@ -117,10 +118,30 @@ struct DrafterLoader {
             hp.conv_kernel   = int32_t(meta.integer(p + "conv_kernel_size"));
             hp.conv_group    = int32_t(meta.integer(p + "conv_group_size"));
             hp.selector_rank = int32_t(meta.integer(p + "selector_rank"));
+            if (hp.selector_rank < 1) {
+                fail(DFLASH_ERR_FORMAT, "'%s': DFlash2 selector_rank %d must be >= 1", path, hp.selector_rank);
+            }
             if (hp.conv_kernel < 1 || hp.conv_group < 1 || hp.n_embd % hp.conv_group != 0) {
                 fail(DFLASH_ERR_FORMAT, "'%s': DFlash2 hidden size %d must be divisible by conv_group_size %d (kernel %d)",
                      path, hp.n_embd, hp.conv_group, hp.conv_kernel);
             }
+        }
+        // ggml asserts on these (rms_norm needs eps >= 0, rope an even head size): refuse them here
+        const float reals[]       = {hp.rms_eps, hp.rope_base, hp.rope_freq_scale};
+        const char * real_names[] = {"attention.layer_norm_rms_epsilon", "rope.freq_base", "rope.scaling.factor"};
+        for (int i = 0; i < 3; ++i) {
+            if (!(std::isfinite(reals[i]) && reals[i] > 0.0f)) {
+                fail(DFLASH_ERR_FORMAT, "'%s': %s%s = %g must be a positive finite number", path, p.c_str(),
+                     real_names[i], double(reals[i]));
+            }
+        }
+        if (!std::isfinite(hp.logit_scale) || !std::isfinite(hp.embedding_scale) || !std::isfinite(hp.softcap) ||
+            hp.softcap < 0.0f) {
+            fail(DFLASH_ERR_FORMAT, "'%s': logit_scale %g, embedding_scale %g and softcapping %g must be finite (softcap >= 0)",
+                 path, double(hp.logit_scale), double(hp.embedding_scale), double(hp.softcap));
+        }
+        if (hp.head_dim % 2 != 0) {
+            fail(DFLASH_ERR_FORMAT, "'%s': head size %d must be even for RoPE", path, hp.head_dim);
         }
         if (hp.n_embd <= 0 || hp.n_layer <= 0 || hp.n_head <= 0 || hp.n_head_kv <= 0 || hp.head_dim <= 0 ||
             hp.n_head % hp.n_head_kv != 0 || hp.block_size <= 0 || hp.block_size > kMaxBlockSize) {
@@ -316,6 +337,10 @@ std::unique_ptr<Drafter> Drafter::load(const char * path, const char * target_pa
     if (t_out->ne[1] != tf.n_vocab) {
         fail(DFLASH_ERR_FORMAT, "target '%s': output.weight has %lld rows, token_embd.weight %d", target_path,
              (long long) t_out->ne[1], tf.n_vocab);
+    }
+    if (hp.is_dflash2() && hp.selector_top_k > tf.n_vocab) {
+        fail(DFLASH_ERR_FORMAT, "drafter selector_top_k %d exceeds the target's vocabulary of %d tokens",
+             hp.selector_top_k, tf.n_vocab);
     }
     if (hp.mask_token_id >= tf.n_vocab) {
         fail(DFLASH_ERR_MISMATCH, "drafter mask token id %d is outside the target's vocabulary of %d tokens",
