@@ -128,7 +128,8 @@ def main() -> None:
     ap.add_argument("--clients", type=int, default=8)
     ap.add_argument("--warmup", type=int, default=100, help="requests before the baseline RSS/threads sample")
     ap.add_argument("--no-drafter", action="store_true")
-    ap.add_argument("-t", "--threads", type=int, default=2)
+    ap.add_argument("-t", "--threads", type=int, default=1,
+                    help="server threads (1: ggml's spinning pool collapses on a loaded 2-core machine)")
     args = ap.parse_args()
     target = models.resolve(args.model)
     tmp = Path(tempfile.mkdtemp(prefix="pydflash-soak-"))
@@ -161,6 +162,8 @@ def main() -> None:
                 if problem:
                     problems.append(f"request {i}: {problem}")
                 done += 1
+                if done % 100 == 0:
+                    print(f"{done} requests, {outcomes}", file=sys.stderr, flush=True)
                 if done % 50 == 0:
                     samples.append({"requests": done, "rss_mib": round(proc_status(proc.pid)["VmRSS"] / 1024, 1),
                                     "threads": proc_status(proc.pid)["Threads"]})

@@ -204,3 +204,20 @@ def test_drafter_selector_and_head_sizes(smol_drafter, tmp_path, smollm2_path, k
     import gguf_edit
 
     _edited_drafter_fails(smol_drafter, tmp_path, smollm2_path, key, value, gguf_edit.INT32, needle)
+
+
+def test_drafter_head_size_default_does_not_overflow(smol_drafter, tmp_path, smollm2_path):
+    # fuzz finding: embedding_length INT32_MIN / head_count -1 (the default head size) raised
+    # SIGFPE (UBSan: "division of -2147483648 by -1 cannot be represented in type 'int'")
+    import gguf_edit
+
+    import pydflash
+    from pydflash import Drafter
+
+    h = gguf_edit.load(smol_drafter)
+    h.kv["dflash.embedding_length"] = gguf_edit.Value(gguf_edit.INT32, -2**31)
+    h.kv["dflash.attention.head_count"] = gguf_edit.Value(gguf_edit.INT32, -1)
+    del h.kv["dflash.attention.key_length"], h.kv["dflash.attention.value_length"]
+    path = gguf_edit.save(h, tmp_path / "edited.gguf")
+    with pytest.raises(pydflash.ModelFormatError, match="invalid drafter dimensions"):
+        Drafter(path, smollm2_path, n_ctx=16, n_threads=1)

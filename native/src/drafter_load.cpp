@@ -70,7 +70,7 @@ struct DrafterLoader {
         hp.n_ff      = int32_t(meta.integer(p + "feed_forward_length"));
         hp.n_head    = int32_t(meta.integer(p + "attention.head_count"));
         hp.n_head_kv = int32_t(meta.integer(p + "attention.head_count_kv", hp.n_head));
-        hp.head_dim  = int32_t(meta.integer(p + "attention.key_length", hp.n_head ? hp.n_embd / hp.n_head : 0));
+        hp.head_dim  = int32_t(meta.integer(p + "attention.key_length", hp.n_head > 0 && hp.n_embd > 0 ? hp.n_embd / hp.n_head : 0));
         if (meta.integer(p + "attention.value_length", hp.head_dim) != hp.head_dim) {
             fail(DFLASH_ERR_UNSUPPORTED, "'%s': key_length != value_length is not supported", path);
         }
