@@ -22,7 +22,8 @@ class NativeObject:
 
     def __init__(self) -> None:
         self._handle = ffi.NULL
-        self._lock = threading.Lock()
+        # re-entrant: an owner (Engine) holds it across a generation and across closing its parts
+        self._lock = threading.RLock()
 
     def close(self) -> None:
         """Free the native object (idempotent)."""

@@ -41,6 +41,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import struct
 import sys
@@ -100,16 +101,51 @@ class _StTensor:
 
 
 def _read_safetensors_header(path: Path) -> dict[str, _StTensor]:
+    """The tensors a safetensors file declares; anything malformed (an untrusted file) is a ValueError."""
+    size = path.stat().st_size
     with open(path, "rb") as f:
-        (n,) = struct.unpack("<Q", f.read(8))
-        header = json.loads(f.read(n))
+        prefix = f.read(8)
+        if len(prefix) < 8:
+            raise ValueError(f"{path} is not a safetensors file (only {len(prefix)} bytes)")
+        (n,) = struct.unpack("<Q", prefix)
+        if n > size - 8:
+            raise ValueError(f"{path}: the header claims {n} bytes, the file has {size}")
+        try:
+            header = json.loads(f.read(n))
+        except (ValueError, RecursionError) as exc:
+            raise ValueError(f"{path}: the header is not valid JSON ({exc})") from None
+    if not isinstance(header, dict):
+        raise ValueError(f"{path}: the header is a JSON {type(header).__name__}, not an object")
+    data_size = size - 8 - n
     out = {}
     for name, info in header.items():
         if name == "__metadata__":
             continue
-        begin, end = info["data_offsets"]
-        out[name] = _StTensor(path, info["dtype"], tuple(info["shape"]), 8 + n + begin, end - begin)
+        out[name] = _st_tensor(path, name, info, 8 + n, data_size)
     return out
+
+
+def _is_count(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+def _st_tensor(path: Path, name: str, info: object, data_start: int, data_size: int) -> _StTensor:
+    """One header entry, checked: known fields, a shape, offsets inside the data, matching sizes."""
+    where = f"{path}: tensor {name!r}"
+    if not isinstance(info, dict) or not {"dtype", "shape", "data_offsets"} <= info.keys():
+        raise ValueError(f"{where} needs dtype, shape and data_offsets")
+    dtype, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
+    if not isinstance(dtype, str):
+        raise ValueError(f"{where}: dtype {dtype!r} is not a string")
+    if not isinstance(shape, list) or not all(_is_count(d) for d in shape):
+        raise ValueError(f"{where}: shape {shape!r} is not a list of sizes")
+    if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_count(o) for o in offsets)
+            and offsets[0] <= offsets[1] <= data_size):
+        raise ValueError(f"{where}: data_offsets {offsets!r} do not lie inside the file's {data_size} data bytes")
+    begin, end = offsets
+    if dtype in _ST_DTYPES and math.prod(shape) * np.dtype(_ST_DTYPES[dtype]).itemsize != end - begin:
+        raise ValueError(f"{where}: shape {shape} of {dtype} does not match its {end - begin} data bytes")
+    return _StTensor(path, dtype, tuple(shape), data_start + begin, end - begin)
 
 
 def _index_checkpoint(model_dir: Path) -> dict[str, _StTensor]:
@@ -195,11 +231,21 @@ def read_gguf_header(path: str | os.PathLike[str]) -> GGUFHeader:
     """Parse a little-endian GGUF's metadata and tensor infos with ``struct`` over an mmap.
 
     ``gguf.GGUFReader`` builds a numpy view per string and needs seconds for a 150k-token
-    vocabulary; this reads the same header in tens of milliseconds.
+    vocabulary; this reads the same header in tens of milliseconds. The file is untrusted: any
+    malformation is a ValueError.
     """
+    path = Path(path)
+    if path.stat().st_size < 24:
+        raise ValueError(f"{path} is not a GGUF file (too short)")
+    try:
+        return _parse_gguf_header(path)
+    except (struct.error, UnicodeDecodeError, IndexError, OverflowError) as exc:
+        raise ValueError(f"{path} is not a valid GGUF file (corrupt or truncated header: {exc})") from None
+
+
+def _parse_gguf_header(path: Path) -> GGUFHeader:
     import mmap
 
-    path = Path(path)
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
         if buf[:4] != b"GGUF":
             raise ValueError(f"{path} is not a GGUF file")
@@ -233,6 +279,8 @@ def read_gguf_header(path: str | os.PathLike[str]) -> GGUFHeader:
                 sub = GGUFValueType(sub_raw)
                 if sub == GGUFValueType.ARRAY:
                     raise ValueError(f"{path}: nested array in key {key!r} is not supported")
+                if count > len(buf) - pos:  # every item takes at least one byte
+                    raise ValueError(f"{path}: array {key!r} claims {count} items, more than the file holds")
                 if sub == GGUFValueType.STRING:
                     items: list = [string() for _ in range(count)]
                 else:
@@ -245,11 +293,15 @@ def read_gguf_header(path: str | os.PathLike[str]) -> GGUFHeader:
         for _ in range(n_tensors):
             name = string().decode("utf-8")
             (n_dims,) = unpack("<I")
+            if n_dims > 4:
+                raise ValueError(f"{path}: tensor {name!r} has {n_dims} dimensions (GGUF allows at most 4)")
             ne = unpack(f"<{n_dims}Q")
             qtype, offset = unpack("<IQ")
             raw_infos.append((name, tuple(int(n) for n in ne), GGMLQuantizationType(qtype), offset))
     align_kv = kv.get("general.alignment")
-    align = int(align_kv.value) if align_kv is not None else 32
+    align = align_kv.value if align_kv is not None else 32
+    if not isinstance(align, int) or align <= 0:
+        raise ValueError(f"{path}: general.alignment {align!r} is not a positive integer")
     data_start = (pos + align - 1) // align * align
     tensors = {n: GGUFTensorInfo(n, ne, q, data_start + off) for n, ne, q, off in raw_infos}
     return GGUFHeader(path, kv, tensors)
@@ -488,6 +540,7 @@ def convert(
         *target.tokenizer,
         KV(Keys.MASK_TOKEN_ID, config.mask_token_id, GGUFValueType.UINT32),
     ]
+    _check_storable(metadata)
     types = [storage_type(t, out) for t in plan]
 
     outfile.parent.mkdir(parents=True, exist_ok=True)
@@ -500,6 +553,19 @@ def convert(
         tmp.unlink(missing_ok=True)
     logger.info("wrote %s (%d tensors, %s)", outfile, len(plan), out.value)
     return outfile
+
+
+def _check_storable(metadata: Sequence[KV]) -> None:
+    """Every value fits its GGUF type (a config can hold -1 or 1e308 where a u32 / f32 goes)."""
+    for kv in metadata:
+        fmt = _GGUF_SCALARS.get(kv.sub_type if kv.type == GGUFValueType.ARRAY else kv.type)
+        if fmt is None:
+            continue
+        for v in kv.value if kv.type == GGUFValueType.ARRAY else [kv.value]:
+            try:
+                struct.pack(fmt, v)
+            except (struct.error, OverflowError, TypeError):
+                raise ValueError(f"{kv.key} = {v!r} does not fit its GGUF type {kv.type.name}") from None
 
 
 def _write(path: Path, metadata: list[KV], plan: Sequence[PlannedTensor], types: Sequence[GGMLQuantizationType],

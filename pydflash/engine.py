@@ -7,6 +7,7 @@ target's own. With ``drafter=None`` the same loop decodes plainly, one token per
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Callable, Iterator, Sequence
 
@@ -110,13 +111,16 @@ class Engine:
     # -- lifetime ------------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Free the drafter and the target (idempotent)."""
-        for d in getattr(self, "_seq_drafters", []):
-            d.close()
-        if getattr(self, "drafter", None) is not None:
-            self.drafter.close()
-        if getattr(self, "target", None) is not None:
-            self.target.close()
+        """Free the drafter and the target (idempotent). Waits for a generation running on another
+        thread: it holds the target's lock, so nothing is freed under it."""
+        target = getattr(self, "target", None)
+        with target._lock if target is not None else contextlib.nullcontext():
+            for d in getattr(self, "_seq_drafters", []):
+                d.close()
+            if getattr(self, "drafter", None) is not None:
+                self.drafter.close()
+            if target is not None:
+                target.close()
 
     def __enter__(self) -> "Engine":
         return self
@@ -180,12 +184,6 @@ class Engine:
         use_drafter = self.drafter is not None and not (auto and n_max == 0)
         token_lists = [self.target.tokenize(p) if isinstance(p, str) else list(p) for p in prompts]
         arrays = [self.target._token_array(t, allow_empty=False) for t in token_lists]
-        drafters = ffi.NULL
-        if use_drafter:
-            while len(self._seq_drafters) < len(prompts) - 1:
-                self._seq_drafters.append(Drafter(self._drafter_args[0], self.target, **self._drafter_args[1]))
-            handles = [self.drafter._h()] + [d._h() for d in self._seq_drafters[: len(prompts) - 1]]
-            drafters = ffi.new("dflash_drafter *[]", handles)
         keepalive: list = []
         params = opts.to_native(keepalive)
         spec = ffi.new("dflash_spec_params *", {"n_max": n_max, "n_min": n_min, "p_min": self._p_min(p_min)})
@@ -196,7 +194,13 @@ class Engine:
                        for i in range(len(prompts))]
             keepalive.append(handles)
             callback, user_data = generation.TOKEN_CALLBACK, ffi.new("void *[]", handles)
-        with self.target._lock:
+        with self.target._lock:  # handles are taken under the lock: a concurrent close() cannot free them
+            drafters = ffi.NULL
+            if use_drafter:
+                while len(self._seq_drafters) < len(prompts) - 1:
+                    self._seq_drafters.append(Drafter(self._drafter_args[0], self.target, **self._drafter_args[1]))
+                drafters = ffi.new("dflash_drafter *[]", [self.drafter._h()] +
+                                   [d._h() for d in self._seq_drafters[: len(prompts) - 1]])
             check(lib.dflash_generate_batch(self.target._h(), drafters, ffi.new("const int32_t *[]", arrays),
                                             ffi.new("int32_t[]", [len(t) for t in token_lists]), len(prompts),
                                             spec, params, callback, user_data, outs))
@@ -220,10 +224,13 @@ class Engine:
         tokens = self.target.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
         array = self.target._token_array(tokens, allow_empty=False)
         spec = ffi.new("dflash_spec_params *", {"n_max": n_max, "n_min": n_min, "p_min": self._p_min(p_min)})
-        target, drafter = self.target._h(), self.drafter._h()
+        self.target._h(), self.drafter._h()  # fail early when closed
+        drafter = self.drafter
 
         def call(params, callback, user_data, out):  # type: ignore[no-untyped-def]
-            return lib.dflash_generate_speculative(target, drafter, array, len(tokens), spec, params, callback,
-                                                   user_data, out)
+            # runs under the target's lock; handles are read here so a close() in between is seen
+            with drafter._lock:
+                return lib.dflash_generate_speculative(self.target._h(), drafter._h(), array, len(tokens), spec,
+                                                       params, callback, user_data, out)
 
         return call, opts

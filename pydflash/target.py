@@ -160,7 +160,8 @@ class Target(NativeObject):
             )
 
     def is_eog(self, token: int) -> bool:
-        return bool(lib.dflash_target_token_is_eog(self._h(), token))
+        with self._lock:
+            return bool(lib.dflash_target_token_is_eog(self._h(), token))
 
     # -- generation ----------------------------------------------------------------------------
 
@@ -196,10 +197,9 @@ class Target(NativeObject):
         array = self._token_array(tokens, allow_empty=False)
         script = self._token_array(continuation, allow_empty=True)
         spec = ffi.new("dflash_spec_params *", {"n_max": n_max, "n_min": n_min})
-        handle = self._h()
 
         def call(params, callback, user_data, out):  # type: ignore[no-untyped-def]
-            return lib.dflash_target_generate_replay(handle, array, len(tokens), script, len(continuation), offset,
+            return lib.dflash_target_generate_replay(self._h(), array, len(tokens), script, len(continuation), offset,
                                                      spec, params, callback, user_data, out)
 
         with self._lock:
@@ -209,12 +209,11 @@ class Target(NativeObject):
         opts = SamplingOptions.build(**options)
         tokens = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
         array = self._token_array(tokens, allow_empty=False)
-        handle = self._h()
+        self._h()  # fail early when closed
 
         def call(params, callback, user_data, out):  # type: ignore[no-untyped-def]
-            if self._handle == ffi.NULL:
-                raise errors.ClosedError("this Target is closed")
-            return lib.dflash_target_generate(handle, array, len(tokens), params, callback, user_data, out)
+            # runs under the lock; the handle is read here so a close() in between is seen
+            return lib.dflash_target_generate(self._h(), array, len(tokens), params, callback, user_data, out)
 
         return call, opts
 
@@ -255,7 +254,8 @@ class Target(NativeObject):
 
     def seq_pos_max(self, seq_id: int = 0) -> int:
         """Highest position held in the KV cache for a sequence (-1 when empty)."""
-        return int(lib.dflash_target_seq_pos_max(self._h(), seq_id))
+        with self._lock:
+            return int(lib.dflash_target_seq_pos_max(self._h(), seq_id))
 
     def rollback(self, pos: int, *, seq_id: int = 0) -> None:
         """Forget positions >= pos of a sequence (0 clears it)."""

@@ -179,7 +179,9 @@ const BlockOutput & Drafter::forward_block(int32_t anchor, int32_t start_pos, in
     }
     ggml_backend_tensor_set(g.in.tokens, tokens.data(), 0, tokens.size() * sizeof(int32_t));
     ggml_backend_tensor_set(g.in.positions, pos.data(), 0, pos.size() * sizeof(int32_t));
-    ggml_backend_tensor_set(g.in.mask_full, mask_full.data(), 0, mask_full.size() * sizeof(float));
+    if (g.in.mask_full) {
+        ggml_backend_tensor_set(g.in.mask_full, mask_full.data(), 0, mask_full.size() * sizeof(float));
+    }
     if (g.in.mask_swa) {
         ggml_backend_tensor_set(g.in.mask_swa, mask_swa.data(), 0, mask_swa.size() * sizeof(float));
     }

@@ -169,7 +169,7 @@ struct GraphInputs {
     ggml_tensor * features = nullptr;   // inject: [L*H, n] F32
     ggml_tensor * tokens = nullptr;     // block:  [n] I32
     ggml_tensor * positions = nullptr;  // [n] I32
-    ggml_tensor * mask_full = nullptr;  // block: [n_ctx + n, n] F32 (0 / -inf)
+    ggml_tensor * mask_full = nullptr;  // block: [n_ctx + n, n] F32 (0 / -inf; nullptr if all sliding)
     ggml_tensor * mask_swa = nullptr;   // block: same for sliding layers (nullptr if none)
 };
 

@@ -191,10 +191,14 @@ BlockGraph build_block_graph(ggml_context * ctx, const DrafterHparams & hp, cons
     g.gf = ggml_new_graph_custom(ctx, kGraphSize, false);
     g.in.tokens    = new_input(ctx, GGML_TYPE_I32, n, 0, "tokens");
     g.in.positions = new_input(ctx, GGML_TYPE_I32, n, 0, "positions");
-    g.in.mask_full = new_input(ctx, GGML_TYPE_F32, n_past + n, n, "kq_mask");
-    bool any_swa = false;
+    // only masks some layer reads: an input left out of the graph gets no buffer to be set
+    bool any_swa = false, any_full = false;
     for (bool s : hp.swa_layers) {
-        any_swa = any_swa || s;
+        any_swa  = any_swa || s;
+        any_full = any_full || !s;
+    }
+    if (any_full) {
+        g.in.mask_full = new_input(ctx, GGML_TYPE_F32, n_past + n, n, "kq_mask");
     }
     if (any_swa) {
         g.in.mask_swa = new_input(ctx, GGML_TYPE_F32, n_past + n, n, "kq_mask_swa");

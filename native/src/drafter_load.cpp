@@ -9,6 +9,7 @@
 #include "ggml-cpu.h"
 #include "gguf.h"
 
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <set>
@@ -27,6 +28,9 @@ std::string shape_str(const ggml_tensor * t) {
 }
 
 const char * kArch = "dflash";
+// Far above trained DFlash blocks (16); bounds the per-block graph and cache a file can ask for.
+constexpr int32_t kMaxBlockSize = 1024;
+constexpr int32_t kMaxLayers    = 1024;  // drafters have 1-8
 
 }  // namespace
 
@@ -60,10 +64,13 @@ struct DrafterLoader {
         const std::string p = std::string(kArch) + ".";
         hp.n_embd    = int32_t(meta.integer(p + "embedding_length"));
         hp.n_layer   = int32_t(meta.integer(p + "block_count"));
+        if (hp.n_layer <= 0 || hp.n_layer > kMaxLayers) {  // before anything is sized by it
+            fail(DFLASH_ERR_FORMAT, "'%s': %sblock_count %d is outside 1..%d", path, p.c_str(), hp.n_layer, kMaxLayers);
+        }
         hp.n_ff      = int32_t(meta.integer(p + "feed_forward_length"));
         hp.n_head    = int32_t(meta.integer(p + "attention.head_count"));
         hp.n_head_kv = int32_t(meta.integer(p + "attention.head_count_kv", hp.n_head));
-        hp.head_dim  = int32_t(meta.integer(p + "attention.key_length", hp.n_head ? hp.n_embd / hp.n_head : 0));
+        hp.head_dim  = int32_t(meta.integer(p + "attention.key_length", hp.n_head > 0 && hp.n_embd > 0 ? hp.n_embd / hp.n_head : 0));
         if (meta.integer(p + "attention.value_length", hp.head_dim) != hp.head_dim) {
             fail(DFLASH_ERR_UNSUPPORTED, "'%s': key_length != value_length is not supported", path);
         }
@@ -111,15 +118,36 @@ struct DrafterLoader {
             hp.conv_kernel   = int32_t(meta.integer(p + "conv_kernel_size"));
             hp.conv_group    = int32_t(meta.integer(p + "conv_group_size"));
             hp.selector_rank = int32_t(meta.integer(p + "selector_rank"));
+            if (hp.selector_rank < 1) {
+                fail(DFLASH_ERR_FORMAT, "'%s': DFlash2 selector_rank %d must be >= 1", path, hp.selector_rank);
+            }
             if (hp.conv_kernel < 1 || hp.conv_group < 1 || hp.n_embd % hp.conv_group != 0) {
                 fail(DFLASH_ERR_FORMAT, "'%s': DFlash2 hidden size %d must be divisible by conv_group_size %d (kernel %d)",
                      path, hp.n_embd, hp.conv_group, hp.conv_kernel);
             }
         }
+        // ggml asserts on these (rms_norm needs eps >= 0, rope an even head size): refuse them here
+        const float reals[]       = {hp.rms_eps, hp.rope_base, hp.rope_freq_scale};
+        const char * real_names[] = {"attention.layer_norm_rms_epsilon", "rope.freq_base", "rope.scaling.factor"};
+        for (int i = 0; i < 3; ++i) {
+            if (!(std::isfinite(reals[i]) && reals[i] > 0.0f)) {
+                fail(DFLASH_ERR_FORMAT, "'%s': %s%s = %g must be a positive finite number", path, p.c_str(),
+                     real_names[i], double(reals[i]));
+            }
+        }
+        if (!std::isfinite(hp.logit_scale) || !std::isfinite(hp.embedding_scale) || !std::isfinite(hp.softcap) ||
+            hp.softcap < 0.0f) {
+            fail(DFLASH_ERR_FORMAT, "'%s': logit_scale %g, embedding_scale %g and softcapping %g must be finite (softcap >= 0)",
+                 path, double(hp.logit_scale), double(hp.embedding_scale), double(hp.softcap));
+        }
+        if (hp.head_dim % 2 != 0) {
+            fail(DFLASH_ERR_FORMAT, "'%s': head size %d must be even for RoPE", path, hp.head_dim);
+        }
         if (hp.n_embd <= 0 || hp.n_layer <= 0 || hp.n_head <= 0 || hp.n_head_kv <= 0 || hp.head_dim <= 0 ||
-            hp.n_head % hp.n_head_kv != 0 || hp.block_size <= 0) {
-            fail(DFLASH_ERR_FORMAT, "'%s': invalid drafter dimensions (embd %d, layers %d, heads %d/%d, head_dim %d, block %d)",
-                 path, hp.n_embd, hp.n_layer, hp.n_head, hp.n_head_kv, hp.head_dim, hp.block_size);
+            hp.n_head % hp.n_head_kv != 0 || hp.block_size <= 0 || hp.block_size > kMaxBlockSize) {
+            fail(DFLASH_ERR_FORMAT, "'%s': invalid drafter dimensions (embd %d, layers %d, heads %d/%d, head_dim %d, "
+                 "block %d; the block must be 1..%d)", path, hp.n_embd, hp.n_layer, hp.n_head, hp.n_head_kv, hp.head_dim,
+                 hp.block_size, kMaxBlockSize);
         }
     }
 
@@ -361,6 +389,10 @@ std::unique_ptr<Drafter> Drafter::load(const char * path, const char * target_pa
     if (t_out->ne[1] != tf.n_vocab) {
         fail(DFLASH_ERR_FORMAT, "target '%s': output.weight has %lld rows, token_embd.weight %d", target_path,
              (long long) t_out->ne[1], tf.n_vocab);
+    }
+    if (hp.is_dflash2() && hp.selector_top_k > tf.n_vocab) {
+        fail(DFLASH_ERR_FORMAT, "drafter selector_top_k %d exceeds the target's vocabulary of %d tokens",
+             hp.selector_top_k, tf.n_vocab);
     }
     if (hp.mask_token_id >= tf.n_vocab) {
         fail(DFLASH_ERR_MISMATCH, "drafter mask token id %d is outside the target's vocabulary of %d tokens",

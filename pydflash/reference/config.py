@@ -25,6 +25,9 @@ __all__ = ["ARCH_DFLASH", "ARCH_DFLASH2", "DFlashConfig", "DEFAULT_BLOCK_SIZE", 
 ARCH_DFLASH = "DFlashDraftModel"
 ARCH_DFLASH2 = "DFlash2DraftModel"
 
+_F32_MAX = 3.4028234663852886e38
+MAX_BLOCK_SIZE = 1024  # the native loader's limit too (trained blocks are 16)
+MAX_LAYERS = 4096  # far above any drafter (they have 1-8); bounds what a hostile config can allocate
 DEFAULT_BLOCK_SIZE = 16  # the reference and upstream converter default when the config has none
 FULL_ATTENTION = "full_attention"
 SLIDING_ATTENTION = "sliding_attention"
@@ -72,6 +75,9 @@ class DFlashConfig:
     extra: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
+        if not isinstance(self.num_hidden_layers, int) or not 0 < self.num_hidden_layers <= MAX_LAYERS:
+            raise ValueError(f"invalid DFlash config: num_hidden_layers {self.num_hidden_layers!r} is not in "
+                             f"1..{MAX_LAYERS}")
         if not self.layer_types:
             object.__setattr__(self, "layer_types", (FULL_ATTENTION,) * self.num_hidden_layers)
         object.__setattr__(self, "layer_types", tuple(self.layer_types))
@@ -134,7 +140,10 @@ class DFlashConfig:
     def from_hf(cls, config: Mapping[str, Any]) -> DFlashConfig:
         """Parse a Hugging Face DFlash / DFlash2 ``config.json`` dict."""
         hp = dict(config)
-        dc = dict(hp.get("dflash_config") or {})
+        dc = hp.get("dflash_config") or {}
+        if not isinstance(dc, Mapping):
+            raise ValueError(f"dflash_config must be an object, got {type(dc).__name__}")
+        dc = dict(dc)
         required = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
         absent = [k for k in required if k not in hp]
         if absent:
@@ -167,6 +176,8 @@ class DFlashConfig:
             raise ValueError("config has no dflash_config.target_layer_ids (the tapped target layers)")
 
         n_layers = int(hp["num_hidden_layers"])
+        if not 0 < n_layers <= MAX_LAYERS:  # before building per-layer lists from it
+            raise ValueError(f"num_hidden_layers {n_layers} is not in 1..{MAX_LAYERS}")
         n_heads = int(hp["num_attention_heads"])
         hidden = int(hp["hidden_size"])
         head_dim = hp.get("head_dim") or hidden // n_heads
@@ -242,8 +253,16 @@ class DFlashConfig:
         path = Path(model_dir) / "config.json"
         if not path.is_file():
             raise FileNotFoundError(f"{path} not found: expected a Hugging Face DFlash checkpoint directory")
-        with open(path, encoding="utf-8") as f:
-            return cls.from_hf(json.load(f))
+        # an untrusted file: every way it can be malformed is a ValueError naming it
+        try:
+            with open(path, encoding="utf-8") as f:
+                config = json.load(f)
+            if not isinstance(config, Mapping):
+                raise ValueError(f"the top level is a {type(config).__name__}, not an object")
+            return cls.from_hf(config)
+        except (TypeError, KeyError, AttributeError, IndexError, OverflowError, ZeroDivisionError,
+                RecursionError, ValueError) as exc:
+            raise ValueError(f"{path} is not a valid DFlash config: {exc}") from None
 
     def to_hf(self) -> dict[str, Any]:
         """A ``config.json`` dict in the published DFlash2 layout (drafter keys under dflash_config)."""
@@ -289,6 +308,19 @@ class DFlashConfig:
             if not cond:
                 raise ValueError(f"invalid DFlash config: {msg}")
 
+        # every size is stored as a 32-bit GGUF integer and every scale as a float32
+        sizes = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
+                 "intermediate_size", "vocab_size", "max_position_embeddings", "block_size", "mask_token_id",
+                 "sliding_window", "conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k",
+                 "num_target_layers")
+        for name in sizes:
+            v = getattr(self, name)
+            need(v is None or 0 <= v < 2**31, f"{name} {v} is not an integer in 0..2^31-1")
+        need(all(0 <= i < 2**31 for i in self.target_layer_ids), "target_layer_ids must be integers in 0..2^31-1")
+        for name in ("rms_norm_eps", "rope_theta", "output_multiplier", "final_logit_softcapping",
+                     "input_embedding_scale"):
+            v = getattr(self, name)
+            need(v is None or (math.isfinite(v) and abs(v) <= _F32_MAX), f"{name} {v} is not a finite float32")
         need(self.hidden_size > 0 and self.num_hidden_layers > 0, "hidden_size and num_hidden_layers must be > 0")
         need(self.num_key_value_heads > 0 and self.num_attention_heads % self.num_key_value_heads == 0,
              f"num_attention_heads {self.num_attention_heads} is not a multiple of num_key_value_heads "
@@ -300,7 +332,7 @@ class DFlashConfig:
         need(not bad, f"unknown layer_types {bad}")
         need(len(self.target_layer_ids) > 0 and min(self.target_layer_ids) >= 0,
              f"target_layer_ids {list(self.target_layer_ids)} must be a non-empty list of ids >= 0")
-        need(self.block_size >= 1, f"block_size {self.block_size} must be >= 1")
+        need(1 <= self.block_size <= MAX_BLOCK_SIZE, f"block_size {self.block_size} must be in 1..{MAX_BLOCK_SIZE}")
         need(self.sliding_window is None or self.sliding_window > 0, "sliding_window must be > 0")
         need(math.isfinite(self.rope_theta) and self.rope_theta > 0, "rope_theta must be > 0")
         if self.mask_token_id is not None:
