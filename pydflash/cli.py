@@ -122,14 +122,20 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("quantize", help="quantize a GGUF: IN OUT [Q4_K_M|Q8_0|Q5_K_M|Q6_K|...]", add_help=False)
     sub.add_parser("serve", help="OpenAI / llama-server compatible HTTP server (see `pydflash serve -h`)",
                    add_help=False)
+    sub.add_parser("train", help="train a DFlash2 drafter from a GGUF target (see `pydflash train -h`; torch extra)",
+                   add_help=False)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
-    if argv and argv[0] in ("convert", "quantize", "serve"):  # these own their flags
+    if argv and argv[0] in ("convert", "quantize", "serve", "train"):  # these own their flags
         try:
+            if argv[0] == "train":
+                from .train import pipeline
+
+                return pipeline.main(argv[1:])
             if argv[0] == "serve":
                 from . import server
 
