@@ -7,6 +7,7 @@ them without relearning.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Sequence
 
@@ -29,7 +30,9 @@ def _add_target(p: argparse.ArgumentParser) -> None:
     p.add_argument("-c", "--ctx-size", type=int, default=4096, help="context size (default 4096)")
     p.add_argument("-ngl", "--n-gpu-layers", type=int, default=0, help="layers on the GPU (GPU builds)")
     p.add_argument("-md", "--model-draft", "--spec-draft-model", dest="model_draft", default=None,
-                   help="DFlash/DFlash2 drafter GGUF (converted for this target)")
+                   help="DFlash/DFlash2 drafter GGUF (converted for this target); default: the drafter "
+                        "shipped for this target, if any")
+    p.add_argument("--no-draft", action="store_true", help="plain decoding, no drafter")
     p.add_argument("--spec-draft-n-max", type=int, default=None, help="drafts verified per step (default block-1)")
     p.add_argument("--spec-draft-n-min", type=int, default=0, help="shorter drafts are not verified (default 0)")
     p.add_argument("--spec-draft-p-min", type=float, default=0.0,
@@ -40,22 +43,29 @@ def _add_target(p: argparse.ArgumentParser) -> None:
 def cmd_generate(args: argparse.Namespace) -> int:
     from .engine import Engine
 
-    with Engine(args.model, args.model_draft, n_ctx=args.ctx_size, n_threads=args.threads,
-                n_gpu_layers=args.n_gpu_layers, n_max=args.spec_draft_n_max, n_min=args.spec_draft_n_min,
-                p_min=args.spec_draft_p_min,
-                verbose=args.verbose) as engine:
+    import warnings
+
+    drafter = None if args.no_draft else (args.model_draft or "auto")
+    with warnings.catch_warnings(record=True) as notes:  # "no shipped drafter" becomes a one-line note
+        warnings.simplefilter("always")
+        engine = Engine(args.model, drafter, n_ctx=args.ctx_size, n_threads=args.threads,
+                        n_gpu_layers=args.n_gpu_layers, n_max=args.spec_draft_n_max, n_min=args.spec_draft_n_min,
+                        p_min=args.spec_draft_p_min, verbose=args.verbose)
+    for note in notes:
+        print(f"[pydflash] note: {note.message}", file=sys.stderr)
+    with engine:
         target = engine.target
         prompt = target.apply_chat_template([{"role": "user", "content": args.prompt}]) if args.chat else args.prompt
         tokens = target.tokenize(prompt, parse_special=args.chat)
         options = dict(max_tokens=args.n_predict, temperature=args.temp, top_k=args.top_k, top_p=args.top_p,
                        min_p=args.min_p, seed=args.seed, stop=args.stop)
         if args.no_stream:
-            result = target.generate(tokens, **options)
+            result = engine.generate(tokens, **options)
             sys.stdout.write(result.text)
         else:
             from .generation import run
 
-            call, opts = target._generation(tokens, options)
+            call, opts = engine._generation(tokens, options, None, None)
 
             def show(piece: str) -> bool:
                 sys.stdout.write(piece)
@@ -73,7 +83,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         if engine.drafter is not None:
             per_pos = ", ".join(str(n) for n in st.accepted_per_position[: engine.n_max])
             print(
-                f"[pydflash] drafted {st.n_drafted}, accepted {st.n_accepted} "
+                f"[pydflash] drafter {os.path.basename(engine.drafter.path)}: drafted {st.n_drafted}, accepted {st.n_accepted} "
                 f"({100.0 * st.n_accepted / max(st.n_drafted, 1):.1f}%), verify steps {st.n_verify_steps}, "
                 f"tau {st.tau:.2f}, accepted per position [{per_pos}] | draft {st.t_draft_ms:.0f} ms, "
                 f"verify {st.t_verify_ms:.0f} ms, accept {st.t_accept_ms:.0f} ms",

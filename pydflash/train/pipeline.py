@@ -103,8 +103,8 @@ def capture(target_path: str, prompts, cache_dir: str | os.PathLike, taps: Seque
 
 
 def export(model, out_dir: str | os.PathLike, target_gguf: str, *, name: str,  # type: ignore[no-untyped-def]
-           quant: Sequence[str] = ("Q8_0",), threads: int | None = None, outtype: str = "f16") -> list[Path]:
-    """HF checkpoint (``out_dir/hf/<name>``) -> ``<name>-F16.gguf`` (``outtype``) -> quantized variants."""
+           quant: Sequence[str] = ("Q8_0",), threads: int | None = None, outtype: str = "bf16") -> list[Path]:
+    """HF checkpoint (``out_dir/hf/<name>``) -> ``<name>-BF16.gguf`` (``outtype``) -> quantized variants."""
     import torch
     from safetensors.torch import save_file
 
