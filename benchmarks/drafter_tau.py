@@ -59,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--n-max", default="7", help="comma-separated n_max values for T=0")
     ap.add_argument("--no-t1", action="store_true", help="skip the T=1 runs")
+    ap.add_argument("--no-plain", action="store_true", help="skip plain decoding (no speed-up column)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", default=None, help="write the results here")
@@ -78,23 +79,24 @@ def main(argv: list[str] | None = None) -> int:
               f"per position {res['accepted_per_position']}", file=sys.stderr, flush=True)
 
     t0 = time.monotonic()
-    with Engine(args.target, None, n_threads=args.threads, n_max=None) as plain:
-        base0 = run(plain, prompts, max_tokens=args.max_tokens, n_max=None, temperature=0.0, seed=args.seed)
-        report("plain T=0", base0, None)
-        base1 = None
-        if not args.no_t1:
-            base1 = run(plain, prompts, max_tokens=args.max_tokens, n_max=None, temperature=1.0, seed=args.seed)
-            report("plain T=1", base1, None)
+    base0, base1 = {"tok_s": None}, None
+    if not args.no_plain:
+        with Engine(args.target, None, n_threads=args.threads, n_max=None) as plain:
+            base0 = run(plain, prompts, max_tokens=args.max_tokens, n_max=None, temperature=0.0, seed=args.seed)
+            report("plain T=0", base0, None)
+            if not args.no_t1:
+                base1 = run(plain, prompts, max_tokens=args.max_tokens, n_max=None, temperature=1.0, seed=args.seed)
+                report("plain T=1", base1, None)
     for spec in args.drafter:
         label, _, path = spec.partition("=")
         with Engine(args.target, path, n_threads=args.threads, n_max=max(n_maxes)) as engine:
             for n in n_maxes:
                 res = run(engine, prompts, max_tokens=args.max_tokens, n_max=n, temperature=0.0, seed=args.seed)
                 report(f"{label} T=0 n_max={n}", res, base0["tok_s"])
-            if base1 is not None:
+            if not args.no_t1:
                 n = max(n_maxes)
                 res = run(engine, prompts, max_tokens=args.max_tokens, n_max=n, temperature=1.0, seed=args.seed)
-                report(f"{label} T=1 n_max={n}", res, base1["tok_s"])
+                report(f"{label} T=1 n_max={n}", res, base1["tok_s"] if base1 else None)
     out = {"target": args.target, "prompts": args.prompts, "n_prompts": len(prompts), "max_tokens": args.max_tokens,
            "threads": args.threads, "wall_s": time.monotonic() - t0, "rows": rows}
     if args.json:

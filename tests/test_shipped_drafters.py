@@ -54,6 +54,7 @@ def test_a_same_shape_target_with_another_name_does_not_match(smollm2):
             return "someothermodel" if key.startswith("general.") and key != "general.architecture" \
                 else smollm2.meta(key)
 
+    assert smollm2.meta("general.architecture") == "llama"
     assert drafters.find_for_target(smollm2) == SMOL
     assert drafters.find_for_target(Renamed()) is None
 
