@@ -1,4 +1,4 @@
-"""The ``pydflash`` command line: generate, models, convert, quantize, serve.
+"""The ``pydflash`` command line: generate, bench, profile, models, convert, quantize, serve.
 
 Flag names follow llama.cpp's tools (-m, -p, -n, --temp, -t, -c, ...), so users can move between
 them without relearning.
@@ -24,6 +24,19 @@ def _add_sampling(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
 
 
+def n_max_arg(value: str) -> int | str:
+    """--spec-draft-n-max: an int >= 0 or 'auto'."""
+    if value == "auto":
+        return value
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0 or 'auto', got {value!r}") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0 or 'auto', got {value!r}")
+    return n
+
+
 def _add_target(p: argparse.ArgumentParser) -> None:
     p.add_argument("-m", "--model", default="smollm2-135m", help="target GGUF path or a `pydflash models` name")
     p.add_argument("-t", "--threads", type=int, default=None, help="CPU threads (default: all cores)")
@@ -33,7 +46,9 @@ def _add_target(p: argparse.ArgumentParser) -> None:
                    help="DFlash/DFlash2 drafter GGUF (converted for this target); default: the drafter "
                         "shipped for this target, if any")
     p.add_argument("--no-draft", action="store_true", help="plain decoding, no drafter")
-    p.add_argument("--spec-draft-n-max", type=int, default=None, help="drafts verified per step (default block-1)")
+    p.add_argument("--spec-draft-n-max", type=n_max_arg, default="auto",
+                   help="drafts verified per step, or 'auto': chosen from this machine's measured costs and the "
+                        "acceptance seen so far, 0 where speculation would lose (default auto)")
     p.add_argument("--spec-draft-n-min", type=int, default=0, help="shorter drafts are not verified (default 0)")
     p.add_argument("--spec-draft-p-min", type=float, default=0.0,
                    help="greedy: cut drafts at the first pick the drafter gives p < P (default 0 = off)")
@@ -59,20 +74,14 @@ def cmd_generate(args: argparse.Namespace) -> int:
         tokens = target.tokenize(prompt, parse_special=args.chat)
         options = dict(max_tokens=args.n_predict, temperature=args.temp, top_k=args.top_k, top_p=args.top_p,
                        min_p=args.min_p, seed=args.seed, stop=args.stop)
+        def show(piece: str) -> bool:
+            sys.stdout.write(piece)
+            sys.stdout.flush()
+            return True
+
+        result = engine.generate(tokens, on_piece=None if args.no_stream else show, **options)
         if args.no_stream:
-            result = engine.generate(tokens, **options)
             sys.stdout.write(result.text)
-        else:
-            from .generation import run
-
-            call, opts = engine._generation(tokens, options, None, None)
-
-            def show(piece: str) -> bool:
-                sys.stdout.write(piece)
-                sys.stdout.flush()
-                return True
-
-            result = run(call, opts, show)
         sys.stdout.write("\n")
         st = result.stats
         print(
@@ -81,9 +90,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         if engine.drafter is not None:
-            per_pos = ", ".join(str(n) for n in st.accepted_per_position[: engine.n_max])
+            per_pos = ", ".join(str(n) for n in st.accepted_per_position[: max(engine.last_n_max, 1)])
             print(
-                f"[pydflash] drafter {os.path.basename(engine.drafter.path)}: drafted {st.n_drafted}, accepted {st.n_accepted} "
+                f"[pydflash] drafter {os.path.basename(engine.drafter.path)}, n_max {engine.last_n_max}{' (auto)' if engine.auto_n_max else ''}, drafted {st.n_drafted}, accepted {st.n_accepted} "
                 f"({100.0 * st.n_accepted / max(st.n_drafted, 1):.1f}%), verify steps {st.n_verify_steps}, "
                 f"tau {st.tau:.2f}, accepted per position [{per_pos}] | draft {st.t_draft_ms:.0f} ms, "
                 f"verify {st.t_verify_ms:.0f} ms, accept {st.t_accept_ms:.0f} ms",
@@ -118,6 +127,15 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sampling(gen)
     gen.set_defaults(func=cmd_generate)
 
+    from . import bench, profiler
+
+    ben = sub.add_parser("bench", help="plain vs speculative (ours and upstream llama-server), one interleaved run")
+    bench.add_arguments(ben)
+    ben.set_defaults(func=bench.main)
+    prof = sub.add_parser("profile", help="drafter acceptance on your prompts, and the best n_max on this machine")
+    profiler.add_arguments(prof)
+    prof.set_defaults(func=profiler.main)
+
     mod = sub.add_parser("models", help="list or pull the test/benchmark models")
     mod_sub = mod.add_subparsers(dest="models_cmd")
     mod_sub.add_parser("list", help="list known models")
@@ -134,18 +152,24 @@ def build_parser() -> argparse.ArgumentParser:
                    add_help=False)
     sub.add_parser("train", help="train a DFlash2 drafter from a GGUF target (see `pydflash train -h`; torch extra)",
                    add_help=False)
+    sub.add_parser("draft-vocab", help="reduced-vocabulary drafter from a calibration prompt set "
+                   "(see `pydflash draft-vocab -h`)", add_help=False)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
-    if argv and argv[0] in ("convert", "quantize", "serve", "train"):  # these own their flags
+    if argv and argv[0] in ("convert", "quantize", "serve", "draft-vocab", "train"):  # these own their flags
         try:
             if argv[0] == "train":
                 from .train import pipeline
 
                 return pipeline.main(argv[1:])
+            if argv[0] == "draft-vocab":
+                from . import draft_vocab
+
+                return draft_vocab.main(argv[1:])
             if argv[0] == "serve":
                 from . import server
 
@@ -159,6 +183,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"pydflash: error: {exc}", file=sys.stderr)
             return 1
     args = parser.parse_args(argv)
+    args.argv = argv
     try:
         return int(args.func(args) or 0)
     except (errors.PydflashError, ValueError, FileNotFoundError) as exc:

@@ -44,6 +44,7 @@ class DrafterInfo:
     selector_top_k: int
     n_ctx: int
     is_dflash2: bool
+    n_vocab_draft: int  # draft head rows: n_vocab, or N of a reduced draft vocabulary
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,8 @@ class Proposal:
     """Drafts for slots 1..n_block-1 of one block.
 
     ``q`` is the distribution each slot was drawn from: over ``candidates`` ([n-1, K], DFlash2)
-    or over the vocabulary ([n-1, V], v1); one-hot at the chosen entry for greedy drafts.
+    or over the draft vocabulary ([n-1, N], v1; column i is target token ``draft_vocab[i]``);
+    one-hot at the chosen entry for greedy drafts. ``tokens`` and ``candidates`` are target ids.
     """
 
     tokens: np.ndarray  # [n-1] int32
@@ -118,6 +120,11 @@ class Drafter(NativeObject):
         check(lib.dflash_drafter_target_layers(self._handle, layers, n))
         #: target layers whose *inputs* the drafter reads (HF id + 1): pass to ``Target.set_taps``
         self.target_layers: tuple[int, ...] = tuple(layers[0][i] for i in range(n[0]))
+        ids = ffi.new("int32_t **")
+        check(lib.dflash_drafter_draft_vocab(self._handle, ids, n))
+        #: target ids of the draft head's rows ([N] int32), or None when it covers the full vocabulary
+        self.draft_vocab: np.ndarray | None = (
+            np.frombuffer(ffi.buffer(ids[0], 4 * n[0]), dtype=np.int32).copy() if n[0] else None)
 
 
     # -- context -------------------------------------------------------------------------------
@@ -173,10 +180,12 @@ class Drafter(NativeObject):
         return self.info.block_size if n_block is None else int(n_block)
 
     def forward(self, anchor: int, start_pos: int, n_block: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """Run [anchor, MASK...] at ``start_pos``: (final-normed hidden [n, H], logits [n, V])."""
+        """Run [anchor, MASK...] at ``start_pos``: (final-normed hidden [n, H], logits [n, N]).
+
+        N = ``info.n_vocab_draft``: logits column i scores target token ``draft_vocab[i]``."""
         n = self._n_block(n_block)
         hidden = np.empty((max(n, 0), self.info.n_embd), dtype=np.float32)
-        logits = np.empty((max(n, 0), self.info.n_vocab), dtype=np.float32)
+        logits = np.empty((max(n, 0), self.info.n_vocab_draft), dtype=np.float32)
         with self._lock:
             check(lib.dflash_drafter_forward(self._h(), int(anchor), int(start_pos), n,
                                              ffi.from_buffer("float[]", hidden), ffi.from_buffer("float[]", logits)))
@@ -186,7 +195,7 @@ class Drafter(NativeObject):
         """Run the block and draft slots 1..n-1 (greedy when ``temperature <= 0``)."""
         n = self._n_block(n_block)
         slots = max(n - 1, 0)
-        k = self.info.selector_top_k if self.info.is_dflash2 else self.info.n_vocab
+        k = self.info.selector_top_k if self.info.is_dflash2 else self.info.n_vocab_draft
         tokens = np.zeros(slots, dtype=np.int32)
         q = np.zeros((slots, k), dtype=np.float32)
         cands = np.zeros((slots, self.info.selector_top_k), dtype=np.int32) if self.info.is_dflash2 else None

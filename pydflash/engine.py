@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from typing import Callable, Iterator, Sequence
 
-from . import errors, generation
+from . import autotune, errors, generation
 from ._bindings import check, ffi, lib
 from .drafter import Drafter
 from .generation import Result, SamplingOptions
@@ -26,8 +26,10 @@ class Engine:
             drafter shipped in the package for this target; plain decoding with a warning if
             none matches, see ``pydflash.drafters``), or None (plain decoding).
         n_ctx, n_threads, n_gpu_layers: as for ``Target``.
-        n_max: drafts verified per step (llama.cpp's --spec-draft-n-max; default block_size-1,
-            clamped to it).
+        n_max: drafts verified per step (llama.cpp's --spec-draft-n-max), clamped to block_size-1.
+            ``"auto"`` (the default): chosen before each generation from this machine's measured
+            verify/draft costs and the acceptance seen so far, 0 (plain decoding) where
+            speculation would lose; see ``pydflash.autotune``. None: block_size-1.
         n_min: shorter drafts are not verified (--spec-draft-n-min).
         p_min: greedy drafts are cut before the first pick the drafter itself gives a probability
             below p_min (--spec-draft-p-min; 0 = off).
@@ -46,7 +48,7 @@ class Engine:
         n_ctx: int = 4096,
         n_threads: int | None = None,
         n_gpu_layers: int = 0,
-        n_max: int | None = None,
+        n_max: int | str | None = "auto",
         n_min: int = 0,
         p_min: float = 0.0,
         n_seq_max: int = 1,
@@ -62,10 +64,14 @@ class Engine:
             drafter = drafters.resolve_auto(self.target)
         self._drafter_args = (drafter, dict(n_ctx=self.target.info.n_ctx, n_threads=n_threads, exact_head=exact_head))
         self._seq_drafters: list[Drafter] = []  # drafters of sequences 1.. in generate_batch
+        self.auto_n_max = n_max == "auto"
+        self.last_n_max = 0  # n_max of the latest generation (the autotuner's pick under "auto")
+        self._tuner: autotune.AutoTuner | None = None
+        self._n_threads = n_threads or os.cpu_count() or 1
         try:
             if drafter is not None:
                 self.drafter = Drafter(drafter, self.target, **self._drafter_args[1])
-            self.n_max, self.n_min = self._check_spec(n_max, n_min)
+            self.n_max, self.n_min = self._check_spec(None if self.auto_n_max else n_max, n_min)
             self.p_min = 0.0
             self.p_min = self._p_min(p_min)
         except BaseException:
@@ -76,11 +82,36 @@ class Engine:
         block = self.drafter.info.block_size if self.drafter else 1
         if n_max is None:
             n_max = max(block - 1, 1)
-        if not isinstance(n_max, int) or n_max < 0:
-            raise errors.InvalidArgumentError(f"n_max must be an int >= 0, got {n_max!r}")
+        if not isinstance(n_max, int) or isinstance(n_max, bool) or n_max < 0:
+            raise errors.InvalidArgumentError(f"n_max must be an int >= 0 or 'auto', got {n_max!r}")
         if not isinstance(n_min, int) or not 0 <= n_min <= n_max:
             raise errors.InvalidArgumentError(f"n_min must be an int in 0..n_max, got {n_min!r}")
         return min(n_max, max(block - 1, 1)), n_min
+
+    @property
+    def autotuner(self) -> autotune.AutoTuner | None:
+        """The n_max autotuner (``n_max="auto"`` with a drafter), measuring costs on first use."""
+        if not self.auto_n_max or self.drafter is None:
+            return None
+        if self._tuner is None:
+            costs = autotune.cached_costs(self.target, self.drafter, self.target.path, self.drafter.path,
+                                          n_threads=self._n_threads)
+            acceptance = autotune.AcceptanceModel(n_positions=self.drafter.info.block_size - 1)
+            self._tuner = autotune.AutoTuner(costs, acceptance, max_n_max=self.n_max)
+        return self._tuner
+
+    def _pick_n_max(self, n_max: int | None) -> int | None:
+        """The n_max of one call: the caller's, else the autotuner's pick, else the engine's."""
+        if n_max is None and self.autotuner is not None:
+            n_max = self.autotuner.choose()
+        self.last_n_max = 0 if self.drafter is None else self.n_max if n_max is None else n_max
+        return n_max
+
+    def _observe(self, n_max: int | None, auto: bool) -> Callable[[Result], None]:
+        def observe(result: Result) -> None:
+            if auto and self._tuner is not None and n_max:
+                self._tuner.observe(n_max, result.stats)
+        return observe
 
     # -- lifetime ------------------------------------------------------------------------------
 
@@ -102,18 +133,30 @@ class Engine:
     # -- generation ----------------------------------------------------------------------------
 
     def generate(self, prompt: str | Sequence[int], *, n_max: int | None = None, n_min: int | None = None,
-                 p_min: float | None = None, **options) -> Result:  # type: ignore[no-untyped-def]
+                 p_min: float | None = None, on_piece: Callable[[str], bool | None] | None = None,
+                 **options) -> Result:  # type: ignore[no-untyped-def]
         """Generate from text or token ids; options as ``Target.generate``; n_max / n_min / p_min
-        override the engine's settings for this call."""
+        override the engine's settings for this call. ``on_piece(text)``, if given, receives the
+        text as it is committed (return False to stop)."""
+        auto = n_max is None and self.autotuner is not None
+        n_max = self._pick_n_max(n_max)
+        if auto:  # a caller's n_min cannot exceed what the tuner picked
+            n_min = min(self.n_min if n_min is None else n_min, n_max)
         call, opts = self._generation(prompt, options, n_max, n_min, p_min)
         with self.target._lock:
-            return generation.run(call, opts)
+            result = generation.run(call, opts, on_piece)
+        self._observe(n_max, auto)(result)
+        return result
 
     def stream(self, prompt: str | Sequence[int], *, n_max: int | None = None, n_min: int | None = None,
                p_min: float | None = None, **options) -> Iterator[str]:  # type: ignore[no-untyped-def]
         """Like ``generate`` but yields text pieces as they are committed."""
+        auto = n_max is None and self.autotuner is not None
+        n_max = self._pick_n_max(n_max)
+        if auto:  # a caller's n_min cannot exceed what the tuner picked
+            n_min = min(self.n_min if n_min is None else n_min, n_max)
         call, opts = self._generation(prompt, options, n_max, n_min, p_min)
-        return generation.stream(call, opts, self.target._lock)
+        return generation.stream(call, opts, self.target._lock, on_result=self._observe(n_max, auto))
 
     def chat(self, messages: Sequence[Message], **options) -> Result:  # type: ignore[no-untyped-def]
         """Generate the assistant's reply with the target's chat template."""
@@ -135,11 +178,16 @@ class Engine:
             raise errors.InvalidArgumentError(
                 f"{len(prompts)} prompts but the engine was created with n_seq_max={self.target.info.n_seq_max}")
         opts = SamplingOptions.build(**options)
+        auto = n_max is None and self.autotuner is not None
+        n_max = self._pick_n_max(n_max)
+        if auto:  # a caller's n_min cannot exceed what the tuner picked
+            n_min = min(self.n_min if n_min is None else n_min, n_max)
         n_max, n_min = self._check_spec(self.n_max if n_max is None else n_max, self.n_min if n_min is None else n_min)
+        use_drafter = self.drafter is not None and not (auto and n_max == 0)
         token_lists = [self.target.tokenize(p) if isinstance(p, str) else list(p) for p in prompts]
         arrays = [self.target._token_array(t, allow_empty=False) for t in token_lists]
         drafters = ffi.NULL
-        if self.drafter is not None:
+        if use_drafter:
             while len(self._seq_drafters) < len(prompts) - 1:
                 self._seq_drafters.append(Drafter(self._drafter_args[0], self.target, **self._drafter_args[1]))
             handles = [self.drafter._h()] + [d._h() for d in self._seq_drafters[: len(prompts) - 1]]
@@ -158,7 +206,10 @@ class Engine:
             check(lib.dflash_generate_batch(self.target._h(), drafters, ffi.new("const int32_t *[]", arrays),
                                             ffi.new("int32_t[]", [len(t) for t in token_lists]), len(prompts),
                                             spec, params, callback, user_data, outs))
-        return [generation.take_output(outs[i]) for i in range(len(prompts))]
+        results = [generation.take_output(outs[i]) for i in range(len(prompts))]
+        for result in results:
+            self._observe(n_max, auto)(result)
+        return results
 
     def _p_min(self, p_min: float | None) -> float:
         if p_min is None:
@@ -168,8 +219,8 @@ class Engine:
         return float(p_min)
 
     def _generation(self, prompt, options, n_max, n_min, p_min=None):  # type: ignore[no-untyped-def]
-        if self.drafter is None:
-            return self.target._generation(prompt, options)
+        if self.drafter is None or (n_max == 0 and self.auto_n_max):
+            return self.target._generation(prompt, options)  # no drafter, or the autotuner switched it off
         n_max, n_min = self._check_spec(self.n_max if n_max is None else n_max, self.n_min if n_min is None else n_min)
         opts = SamplingOptions.build(**options)
         tokens = self.target.tokenize(prompt) if isinstance(prompt, str) else list(prompt)

@@ -190,8 +190,10 @@ def take_output(output) -> Result:  # type: ignore[no-untyped-def]
     return Result(text=text, tokens=tokens, stats=stats)
 
 
-def stream(call: NativeCall, options: SamplingOptions, lock: threading.Lock) -> Iterator[str]:
+def stream(call: NativeCall, options: SamplingOptions, lock: threading.Lock,
+           on_result: Callable[[Result], None] | None = None) -> Iterator[str]:
     """Yield text pieces as they are produced; closing the iterator cancels the generation.
+    ``on_result`` receives the finished ``Result`` (statistics included).
 
     The native loop runs on a worker thread (cffi releases the GIL during the call) and hands
     pieces over a queue, so the caller sees tokens as soon as the C++ loop commits them.
@@ -227,6 +229,8 @@ def stream(call: NativeCall, options: SamplingOptions, lock: threading.Lock) -> 
         thread.join()
     if outcome and isinstance(outcome[0], BaseException):
         raise outcome[0]
+    if outcome and on_result is not None:
+        on_result(outcome[0])
 
 
 class _Utf8Pieces:

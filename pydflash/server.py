@@ -59,6 +59,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import errors
+from .cli import n_max_arg
 
 __all__ = ["ServerConfig", "build_parser", "main"]
 
@@ -145,8 +146,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="DFlash/DFlash2 drafter GGUF converted for this target")
     p.add_argument("--spec-type", default=None,
                    help="draft-dflash (default when -md is given) or none (ignore -md, plain decoding)")
-    p.add_argument("--spec-draft-n-max", type=int, default=None,
-                   help="drafts verified per step (default: the drafter's block size - 1)")
+    p.add_argument("--spec-draft-n-max", type=n_max_arg, default="auto",
+                   help="drafts verified per step, or 'auto' (default): chosen from this machine's measured costs "
+                        "and the acceptance seen so far, 0 where speculation would lose")
     p.add_argument("--spec-draft-n-min", type=int, default=0, help="shorter drafts are not verified (default 0)")
     p.add_argument("--spec-draft-p-min", "--draft-p-min", type=float, default=0.0,
                    help="accepted for llama-server compatibility; no effect on DFlash block drafts")
@@ -621,6 +623,9 @@ class ServerState:
                         f"-np {c.n_slots} exceeds the batch of {n_batch} rows: use a larger -c or fewer slots")
             else:  # every sequence verifies n_max + 1 rows per step, all in one target batch
                 self.n_max_limit = max(min(engine.drafter.info.block_size - 1, n_batch // c.n_slots - 1), 0)
+                if engine.auto_n_max and self.n_max_limit >= 1:
+                    engine.n_max = min(engine.n_max, self.n_max_limit)  # the autotuner's ceiling
+                    _ = engine.autotuner  # measure this machine's costs before /health says ready
                 if engine.n_max > self.n_max_limit or self.n_max_limit < 1:
                     raise errors.InvalidArgumentError(
                         f"-np {c.n_slots} x (n_max {engine.n_max} + 1) rows exceed the batch of {n_batch}: "
@@ -640,12 +645,15 @@ class ServerState:
         self.engine = engine
         self.ready = True
 
-    def spec(self, n_max: int | None, n_min: int | None) -> tuple[int, int]:
+    def spec(self, n_max: int | None, n_min: int | None) -> tuple[int | None, int]:
         """A request's effective (n_max, n_min): n_max capped by the block size and the batch rows
-        (a request may lower it, not raise it past what -np slots fit), n_min capped by n_max."""
+        (a request may lower it, not raise it past what -np slots fit), n_min capped by n_max.
+        n_max None: the engine's autotuner picks it for each batch."""
         engine = self.engine
         if engine.drafter is None:
             return 0, 0
+        if n_max is None and engine.auto_n_max:
+            return None, engine.n_min if n_min is None else n_min
         n_max = engine.n_max if n_max is None else min(n_max, self.n_max_limit)
         n_min = engine.n_min if n_min is None else n_min
         return n_max, min(n_min, n_max)
@@ -807,7 +815,7 @@ class Server:
             "top_k": o.get("top_k", 40), "top_p": o.get("top_p", 0.95), "min_p": o.get("min_p", 0.05),
             "seed": o.get("seed") if o.get("seed") is not None else -1, "stop": list(o.get("stop", ())),
             "ignore_eos": o.get("ignore_eos", False),
-            "speculative.n_max": n_max, "speculative.n_min": n_min,
+            "speculative.n_max": engine.last_n_max if n_max is None else n_max, "speculative.n_min": n_min,
             "speculative.p_min": r.p_min if r and r.p_min is not None else self.state.config.p_min,
             "speculative.types": "draft-dflash" if engine.drafter is not None else "none",
         }

@@ -234,44 +234,63 @@ def test_sampled_walk_q_matches_reference_lattice(dflash2, smollm2_path, smol_ta
         prev = int(np.flatnonzero(prop.candidates[j] == prop.tokens[j])[0])
 
 
-def test_q8_0_drafter_greedy_paths_agree(dflash2, tmp_path, smollm2_path, smol_target):
-    """Q8_0 weights vs the float64 reference of the F32 checkpoint, over many blocks.
+def dequantized_reference(gguf_path: Path, config) -> DFlashDrafter:
+    """The float64 reference holding exactly the weights a (quantized) GGUF stores: every tensor
+    read back and dequantized with gguf-py, mapped to its HF name by the converter's layout."""
+    from pydflash.convert import read_gguf_header, read_gguf_tensor
+    from pydflash.gguf_layout import expected_tensors
+    from pydflash.reference.config import normalize_hf_name
 
-    This random drafter is sensitive: Q8_0 weights alone move the *reference's* hidden states by
-    NMSE ~5e-4, and its selector decisions are often near-ties (5% of slots have a score margin
-    below 0.05). So agreement is counted on decisive slots: the reference's best score beats
-    the runner-up by more than 0.1 and both paths agree up to the previous slot (same
-    conditioning); all slots are reported too.
-    """
-    gguf, ref = dflash2
+    header = read_gguf_header(gguf_path)
+    layout = expected_tensors(config)
+    model = DFlashDrafter.from_config(config, seed=0, dtype=torch.float64)
+    state = {}
+    for name, tensor in model.state_dict().items():
+        data = read_gguf_tensor(header, layout[normalize_hf_name(name)].gguf_name)
+        state[name] = torch.from_numpy(data.reshape(tuple(tensor.shape))).to(torch.float64)
+    model.load_state_dict(state)
+    return model
+
+
+def test_q8_0_drafter_greedy_paths_agree(dflash2, tmp_path, smollm2_path, smol_target):
+    """The native Q8_0 drafter against the float64 reference of the *same* (dequantized) weights,
+    greedy paths over many blocks.
+
+    What remains different is ggml's Q8_0 mat-mul, which also rounds the activations to 8 bits
+    (as llama.cpp does): hidden NMSE ~3e-4, the same size as the weight rounding itself. This
+    random drafter's selector decisions are often near-ties (score margins of 0.1-0.3 on scores
+    ~12), which such rounding flips, so >= 99% is required on decisive slots (reference margin
+    > 0.5, same path so far; ~40% of slots) and all slots are reported (~89% measured)."""
+    gguf, ref_f32 = dflash2
     q8 = quantize(gguf, tmp_path / "dflash2-q8_0.gguf", "Q8_0", progress=False)
+    ref = dequantized_reference(q8, ref_f32.config)
     rng = np.random.default_rng(21)
     feats = random_context(96, seed=13)
-    decisive = decisive_ok = agree = total = 0
+    agree = total = decisive = decisive_ok = 0
     with Drafter(q8, smollm2_path, n_ctx=128, n_threads=1, exact_head=True) as d:
         assert d.info.is_dflash2
-        for _ in range(40):
+        for _ in range(60):
             n_ctx = int(rng.integers(1, 96))
             anchor = int(rng.integers(0, VOCAB))
             d.crop(0)
             d.inject(feats[:n_ctx], np.arange(n_ctx))
             got = d.propose(anchor, n_ctx, BLOCK).tokens
             hid, log = reference_block(ref, feats[:n_ctx], np.arange(n_ctx), anchor, n_ctx, smol_target)
-            want = ref.propose(hid, log, anchor)
-            prev = 0
-            for j, token in enumerate(want.tokens.numpy()):
-                scores = np.sort(want.lattice[j, prev].numpy())[::-1]
-                same_prefix = j == 0 or got[j - 1] == want.tokens[j - 1]
-                if same_prefix and scores[0] - scores[1] > 0.1:
-                    decisive += 1
-                    decisive_ok += int(got[j] == token)
-                prev = int(want.indices[j])
-            agree += int(np.sum(got == want.tokens.numpy()))
+            prop = ref.propose(hid, log, anchor)
+            want = prop.tokens.numpy()
+            agree += int(np.sum(got == want))
             total += len(got)
+            prev = 0
+            for j in range(len(want)):
+                scores = np.sort(prop.lattice[j, prev].numpy())[::-1]
+                if (j == 0 or got[j - 1] == want[j - 1]) and scores[0] - scores[1] > 0.5:
+                    decisive += 1
+                    decisive_ok += int(got[j] == want[j])
+                prev = int(prop.indices[j])
     print(f"Q8_0 greedy agreement: {agree}/{total} slots, decisive {decisive_ok}/{decisive}")
-    assert decisive >= total // 2
-    assert decisive_ok / decisive >= 0.95, f"{decisive_ok}/{decisive} decisive slots agree"
-    assert agree / total >= 0.75, f"{agree}/{total} slots agree"
+    assert decisive >= total // 3
+    assert decisive_ok / decisive >= 0.99, f"{decisive_ok}/{decisive} decisive slots agree"
+    assert agree / total >= 0.8, f"{agree}/{total} slots agree"
 
 
 def test_real_target_taps(dflash2, smollm2, smol_target):

@@ -25,7 +25,7 @@ def drafter_path(tmp_path_factory, smollm2_path):
 
 @pytest.fixture(scope="module")
 def engine(smollm2_path, drafter_path):
-    with Engine(smollm2_path, drafter_path, n_ctx=1024, n_threads=2) as e:
+    with Engine(smollm2_path, drafter_path, n_ctx=1024, n_threads=2, n_max=7) as e:
         yield e
 
 

@@ -102,7 +102,7 @@ def server(tmp_path_factory, smollm2_path, drafter_path):
     with open(log, "wb") as f:
         proc = subprocess.Popen(
             [sys.executable, "-m", "pydflash.server", "-m", str(smollm2_path), "-md", str(drafter_path),
-             "--spec-type", "draft-dflash", "-np", str(N_SLOTS), "-c", str(N_SLOTS * N_CTX_SLOT), "-t", "2",
+             "--spec-type", "draft-dflash", "--spec-draft-n-max", "3", "-np", str(N_SLOTS), "-c", str(N_SLOTS * N_CTX_SLOT), "-t", "2",
              "--host", "127.0.0.1", "--port", str(port), "--api-key", API_KEY, "--metrics", "-a", ALIAS],
             stdout=f, stderr=subprocess.STDOUT,
         )
@@ -122,7 +122,7 @@ def client(server):
 @pytest.fixture(scope="module")
 def engine(smollm2_path, drafter_path):
     """The same files and context layout as the server (n_ctx per slot, 8 sequences)."""
-    with Engine(smollm2_path, drafter_path, n_ctx=N_CTX_SLOT, n_threads=2, n_seq_max=N_SLOTS) as e:
+    with Engine(smollm2_path, drafter_path, n_ctx=N_CTX_SLOT, n_threads=2, n_seq_max=N_SLOTS, n_max=3) as e:
         yield e
 
 
@@ -395,3 +395,27 @@ def test_upstream_llama_server_with_our_drafter(smollm2_path, drafter_path, tmp_
             assert b["tokens"] == a["tokens"] and b["content"] == a["content"]
             assert b["timings"].get("draft_n", 0) > 0  # drafts were proposed and verified
             assert "draft_n" not in a["timings"]
+
+
+def test_auto_n_max_server_switches_a_losing_drafter_off(smollm2_path, drafter_path, tmp_path, reference,
+                                                         monkeypatch):
+    """Default --spec-draft-n-max auto: the server measures costs at load, probes the random
+    drafter once, then serves plainly; every answer is still the target's own greedy text."""
+    monkeypatch.setenv("PYDFLASH_AUTOTUNE_CACHE", "0")
+    port = free_port()
+    log = tmp_path / "auto.log"
+    with open(log, "wb") as f:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "pydflash.server", "-m", str(smollm2_path), "-md", str(drafter_path),
+             "-np", "1", "-c", str(N_CTX_SLOT), "-t", "2", "--host", "127.0.0.1", "--port", str(port)],
+            stdout=f, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(base, proc, log=log)
+        outs = [_post_json(base + "/completion", {"prompt": p, "n_predict": N_TOKENS, "temperature": 0,
+                                                  "cache_prompt": False}) for p in PROMPTS[:3]]
+    finally:
+        _stop(proc)
+    assert [o["content"] for o in outs] == [reference(p).text for p in PROMPTS[:3]]
+    assert outs[-1]["timings"].get("draft_n", 0) == 0  # switched off after the probe
+    assert outs[-1]["generation_settings"]["speculative.n_max"] == 0

@@ -315,6 +315,8 @@ typedef struct dflash_drafter_info {
     int32_t n_ctx;              /* context rows the cache can hold */
     int32_t n_ctx_used;         /* context rows held now */
     bool    is_dflash2;
+    int32_t n_vocab_draft;      /* rows of the draft head: n_vocab, or N for a reduced draft
+                                 * vocabulary (a `d2t` map + own output.weight in the GGUF) */
 } dflash_drafter_info;
 
 dflash_drafter_params dflash_drafter_default_params(void);
@@ -333,6 +335,11 @@ dflash_status dflash_drafter_get_info(const dflash_drafter * drafter, dflash_dra
 dflash_status dflash_drafter_target_layers(const dflash_drafter * drafter, const int32_t ** layers,
                                            int32_t * n_layers);
 
+/* The draft vocabulary as target token ids (ascending as pydflash writes it, any order as read):
+ * draft head row i scores target token ids[i]. *ids = NULL, *n = 0 when the drafter drafts over
+ * the full vocabulary. Borrowed, valid as long as the drafter. */
+dflash_status dflash_drafter_draft_vocab(const dflash_drafter * drafter, const int32_t ** ids, int32_t * n);
+
 /* Append n feature rows [n x n_target_layers*n_embd] at positions[n] to the context. NaN
  * features become 0, others are clamped to +-65504. DFLASH_ERR_CONTEXT_FULL if they do not fit. */
 dflash_status dflash_drafter_inject(dflash_drafter * drafter, const float * features,
@@ -349,7 +356,7 @@ dflash_status dflash_drafter_crop(dflash_drafter * drafter, int32_t n_keep);
 
 /* Run the block [anchor, MASK x (n_block-1)] at positions start_pos.. (1 <= n_block <=
  * block_size) and copy out the final-normed hidden [n_block x n_embd] and the transformed logits
- * [n_block x n_vocab] (either may be NULL). Row 0 is the anchor slot. */
+ * [n_block x n_vocab_draft] (over the draft vocabulary; either may be NULL). Row 0 is the anchor slot. */
 dflash_status dflash_drafter_forward(dflash_drafter * drafter, int32_t anchor, int32_t start_pos,
                                      int32_t n_block, float * hidden, float * logits);
 
@@ -357,10 +364,10 @@ dflash_status dflash_drafter_forward(dflash_drafter * drafter, int32_t anchor, i
  * v1 takes each slot independently; temperature <= 0 is greedy.
  *   tokens     [n_block-1]                        drafted tokens (required)
  *   q          [(n_block-1) x q_width] or NULL    the distribution each slot was drawn from,
- *              q_width = selector_top_k (DFlash2, over `candidates`) or n_vocab (v1); one-hot
- *              at the chosen entry when greedy
- *   candidates [(n_block-1) x selector_top_k] or NULL (DFlash2 only; ignored for v1)
- * Sampling draws from the drafter's RNG (seeded by params.seed / dflash_drafter_set_seed). */
+ *              q_width = selector_top_k (DFlash2, over `candidates`) or n_vocab_draft (v1, over
+ *              the draft vocabulary); one-hot at the chosen entry when greedy
+ *   candidates [(n_block-1) x selector_top_k] or NULL (DFlash2 only, target ids; ignored for v1)
+ * tokens are always target ids. Sampling draws from the drafter's RNG (seeded by params.seed / dflash_drafter_set_seed). */
 dflash_status dflash_drafter_propose(dflash_drafter * drafter, int32_t anchor, int32_t start_pos,
                                      int32_t n_block, float temperature, int32_t * tokens, float * q,
                                      int32_t * candidates);

@@ -76,7 +76,7 @@ extern "C" {
 
 const char * dflash_last_error(void) { return dflash::last_error_cstr(); }
 
-int32_t dflash_abi_version(void) { return 1; }
+int32_t dflash_abi_version(void) { return 2; }
 
 const char * dflash_llama_commit(void) { return PYDFLASH_LLAMA_COMMIT; }
 
@@ -388,6 +388,15 @@ dflash_status dflash_drafter_target_layers(const dflash_drafter * drafter, const
         const auto & tl = drafter->impl->hparams().target_layers;
         *layers = tl.data();
         *n_layers = int32_t(tl.size());
+    });
+}
+
+dflash_status dflash_drafter_draft_vocab(const dflash_drafter * drafter, const int32_t ** ids, int32_t * n) {
+    return guarded([&] {
+        require(drafter && ids && n, "NULL argument");
+        const auto & map = drafter->impl->draft_vocab();
+        *ids = map.empty() ? nullptr : map.data();
+        *n = int32_t(map.size());
     });
 }
 

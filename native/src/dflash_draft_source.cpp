@@ -18,7 +18,7 @@ float softmax_prob(const float * scores, size_t n, size_t pick) {
 }
 
 // How sure the drafter was of each pick: over the selector's K candidates given the previous pick
-// (DFlash2), or over the vocabulary (v1).
+// (DFlash2), or over the draft vocabulary (v1; N logits per row).
 std::vector<float> pick_confidence(const Proposal & p, const BlockOutput & block, int32_t n_vocab) {
     std::vector<float> conf;
     const size_t n = p.tokens.size();
@@ -30,7 +30,7 @@ std::vector<float> pick_confidence(const Proposal & p, const BlockOutput & block
         }
     } else {
         for (size_t j = 0; j < n; ++j) {  // slot j+1's logits sit at block row j+1
-            conf.push_back(softmax_prob(&block.logits[(j + 1) * size_t(n_vocab)], size_t(n_vocab), size_t(p.tokens[j])));
+            conf.push_back(softmax_prob(&block.logits[(j + 1) * size_t(n_vocab)], size_t(n_vocab), size_t(p.indices[j])));
         }
     }
     return conf;
@@ -53,16 +53,18 @@ Draft DFlashDraftSource::draft(int32_t anchor, int32_t pos, int32_t n_max, float
     Proposal p = drafter_.propose(anchor, pos, n_block, temperature, drafter_.rng());
     Draft out;
     out.tokens = p.tokens;
-    out.confidence = pick_confidence(p, drafter_.last_output(), drafter_.hparams().n_vocab);
+    out.confidence = pick_confidence(p, drafter_.last_output(), drafter_.hparams().n_vocab_draft);
     if (temperature > 0.0f) {
-        // q per slot as a sparse distribution: over the K candidates (DFlash2) or the vocabulary
+        // q per slot as a sparse distribution: over the K candidates (DFlash2) or the draft
+        // vocabulary (v1); q is zero outside the draft vocabulary, which rejection sampling
+        // handles exactly (a token with q = 0 is only ever reached through the residual)
         const size_t width = size_t(p.q_width);
         for (size_t j = 0; j < p.tokens.size(); ++j) {
             Distribution q;
             for (size_t k = 0; k < width; ++k) {
                 const float prob = p.q[j * width + k];
                 if (prob > 0.0f) {
-                    q.ids.push_back(p.candidates.empty() ? int32_t(k) : p.candidates[j * width + k]);
+                    q.ids.push_back(p.candidates.empty() ? drafter_.to_target(int32_t(k)) : p.candidates[j * width + k]);
                     q.probs.push_back(prob);
                 }
             }

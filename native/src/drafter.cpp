@@ -36,6 +36,7 @@ dflash_drafter_info Drafter::info() const {
     i.head_dim        = hp_.head_dim;
     i.n_ff            = hp_.n_ff;
     i.n_vocab         = hp_.n_vocab;
+    i.n_vocab_draft   = hp_.n_vocab_draft;
     i.block_size      = hp_.block_size;
     i.mask_token_id   = hp_.mask_token_id;
     i.n_target_layers = int32_t(hp_.target_layers.size());
@@ -187,7 +188,7 @@ const BlockOutput & Drafter::forward_block(int32_t anchor, int32_t start_pos, in
     out_.n_block = n_block;
     out_.anchor  = anchor;
     out_.hidden.resize(size_t(n_block) * hp_.n_embd);
-    out_.logits.resize(size_t(n_block) * hp_.n_vocab);
+    out_.logits.resize(size_t(n_block) * hp_.n_vocab_draft);
     ggml_backend_tensor_get(g.hidden, out_.hidden.data(), 0, out_.hidden.size() * sizeof(float));
     ggml_backend_tensor_get(g.logits, out_.logits.data(), 0, out_.logits.size() * sizeof(float));
     if (g.projected) {
@@ -215,13 +216,15 @@ Proposal Drafter::select(float temperature, std::mt19937_64 & rng) const {
         fail(DFLASH_ERR_INVALID_ARGUMENT, "select: no block has been run yet");
     }
     const int32_t n_slots = out_.n_block - 1;
-    const float * logits = out_.logits.data() + hp_.n_vocab;  // slot 0 (the anchor) proposes nothing
+    const int32_t N = hp_.n_vocab_draft;
+    const int32_t * d2t = d2t_.empty() ? nullptr : d2t_.data();
+    const float * logits = out_.logits.data() + N;  // slot 0 (the anchor) proposes nothing
     if (!hp_.is_dflash2()) {
-        return propose_independent(logits, n_slots, hp_.n_vocab, temperature, rng);
+        return propose_independent(logits, n_slots, N, temperature, rng, d2t);
     }
     Proposal p;
-    SelectorInputs in{n_slots, hp_.n_vocab, hp_.selector_rank, std::min(hp_.selector_top_k, hp_.n_vocab), logits,
-                      out_.projected.data() + hp_.selector_rank, out_.anchor};
+    SelectorInputs in{n_slots, N, hp_.selector_rank, std::min(hp_.selector_top_k, N), logits,
+                      out_.projected.data() + hp_.selector_rank, out_.anchor, d2t};
     build_lattice(
         in, [this](int32_t id, float * row) { read_codebook_row(w_.selector_predecessor, id, row); },
         [this](int32_t id, float * row) { read_codebook_row(w_.selector_successor, id, row); }, p);

@@ -46,6 +46,8 @@ struct DrafterHparams {
     int32_t conv_kernel = 0, conv_group = 0, selector_rank = 0, selector_top_k = 0;
     // from the target
     int32_t n_vocab = 0;
+    // rows of the draft head: n_vocab, or the size of the reduced draft vocabulary (d2t)
+    int32_t n_vocab_draft = 0;
 
     bool    is_dflash2() const { return selector_top_k > 0; }
     int32_t n_feat() const { return n_embd * int32_t(target_layers.size()); }
@@ -73,6 +75,10 @@ struct DrafterWeights {
     // borrowed from the target GGUF
     ggml_tensor * tok_embd = nullptr;  // [H, V]
     ggml_tensor * output = nullptr;    // [H, V]
+    // reduced draft vocabulary: the drafter's own head [H, N] (rows = target ids d2t[0..N-1])
+    ggml_tensor * output_draft = nullptr;
+
+    ggml_tensor * head() const { return output_draft ? output_draft : output; }
 };
 
 // Context K/V of committed rows per layer: k [head_dim, n_head_kv, rows], v transposed
@@ -89,7 +95,7 @@ struct BlockOutput {
     int32_t            n_block = 0;
     int32_t            anchor = -1;
     std::vector<float> hidden;     // [n_block, H] final-normed
-    std::vector<float> logits;     // [n_block, V] with logit scale + softcap
+    std::vector<float> logits;     // [n_block, N] with logit scale + softcap (N = n_vocab_draft)
     std::vector<float> projected;  // [n_block, r] = W_h hidden (DFlash2)
 };
 
@@ -123,6 +129,10 @@ public:
 
     std::mt19937_64 & rng() { return rng_; }
 
+    // Target ids of the draft vocabulary (d2t); empty when the drafter drafts over the full vocabulary.
+    const std::vector<int32_t> & draft_vocab() const { return d2t_; }
+    int32_t to_target(int32_t draft_id) const { return d2t_.empty() ? draft_id : d2t_[size_t(draft_id)]; }
+
 private:
     Drafter() = default;
     void compute(ggml_cgraph * gf);
@@ -134,6 +144,7 @@ private:
     DrafterWeights w_;
     DrafterCache   cache_;
     BlockOutput    out_;
+    std::vector<int32_t> d2t_;  // draft id -> target id (empty: identity)
     int32_t        n_threads_ = 1;
     int32_t        n_batch_ = 512;  // most context rows per injection graph
     bool           exact_head_ = false;

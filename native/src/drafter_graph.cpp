@@ -6,6 +6,7 @@
 //               a = norm(h); [conv_0]; o = Attn(Q(a'), [K_ctx ; K(a')], [V_ctx ; V(a')]); [conv_1]; h += o
 //               m = norm(h); [conv_0]; f = SwiGLU(m');                                   [conv_1]; h += f
 //           hidden = norm(h); logits = softcap(mu * W_out hidden); projected = W_h hidden
+//           (W_out: the target's head, or the drafter's own rows of a reduced draft vocabulary)
 //
 // Everything is F32 except the weights (any ggml type). Every intermediate gets a name
 // ("attn_conv_in-0", ...) so graph dumps read like the spec.
@@ -251,7 +252,7 @@ BlockGraph build_block_graph(ggml_context * ctx, const DrafterHparams & hp, cons
     ggml_build_forward_expand(g.gf, g.hidden);
 
     // z = mu * (W_out h); softcap c: z = c * tanh(z / c)
-    ggml_tensor * logits = build_head(ctx, w.output, g.hidden, exact_head);
+    ggml_tensor * logits = build_head(ctx, w.head(), g.hidden, exact_head);
     if (hp.logit_scale != 1.0f) {
         logits = ggml_scale(ctx, logits, hp.logit_scale);
     }

@@ -200,12 +200,63 @@ struct DrafterLoader {
         } else if (ggml_get_tensor(file.meta.get(), "selector_hidden.weight")) {
             fail(DFLASH_ERR_FORMAT, "'%s' has selector tensors but no %s.selector_top_k", path, kArch);
         }
+        declare_draft_vocab();
         reject_unknown_tensors();
     }
 
-    // A tensor this engine does not use would change the math (fc.scale, d2t, attention sinks,
-    // ...): refuse rather than compute something else. A shipped token_embd / output is ignored:
-    // the drafter reads the target's raw embedding rows and head, as the reference does.
+    // Reduced draft vocabulary (upstream's layout): `d2t` I64 [N] holds the absolute target id of
+    // every draft row and `output.weight` [H, N] is the drafter's own head over those rows.
+    // Without d2t the drafter uses the target's head and a shipped output.weight is ignored.
+    void declare_draft_vocab() {
+        DrafterHparams & hp = d.hp_;
+        const ggml_tensor * map = ggml_get_tensor(file.meta.get(), "d2t");
+        if (!map) {
+            return;
+        }
+        if (map->type != GGML_TYPE_I64 || ggml_n_dims(map) != 1 || map->ne[0] < 1 || map->ne[0] > hp.n_vocab) {
+            fail(DFLASH_ERR_FORMAT, "'%s': d2t must be a 1-D I64 tensor of 1..%d target ids (got %s %s)", path,
+                 hp.n_vocab, ggml_type_name(map->type), shape_str(map).c_str());
+        }
+        const int64_t N = map->ne[0];
+        if (!ggml_get_tensor(file.meta.get(), "output.weight")) {
+            fail(DFLASH_ERR_FORMAT, "'%s' has a d2t draft vocabulary but no output.weight (its draft head)", path);
+        }
+        d.w_.output_draft = tensor("output.weight", {hp.n_embd, N});
+        used.insert("d2t");
+
+        std::vector<int64_t> ids(static_cast<size_t>(N));
+        read_raw(gguf_find_tensor(file.gguf.get(), "d2t"), ids.data(), ids.size() * sizeof(int64_t), "d2t");
+        std::vector<bool> seen(size_t(hp.n_vocab), false);
+        d.d2t_.resize(size_t(N));
+        for (int64_t i = 0; i < N; ++i) {
+            const int64_t id = ids[size_t(i)];
+            if (id < 0 || id >= hp.n_vocab || seen[size_t(id)]) {
+                fail(DFLASH_ERR_FORMAT, "'%s': d2t[%lld] = %lld is %s", path, (long long) i, (long long) id,
+                     id < 0 || id >= hp.n_vocab ? "outside the target's vocabulary" : "a duplicate target id");
+            }
+            seen[size_t(id)] = true;
+            d.d2t_[size_t(i)] = int32_t(id);
+        }
+        hp.n_vocab_draft = int32_t(N);
+    }
+
+    // Read n_bytes of tensor `index` from the file.
+    void read_raw(int64_t index, void * dst, size_t n_bytes, const char * name) const {
+        FILE * f = fopen(path, "rb");
+        if (!f) {
+            fail(DFLASH_ERR_IO, "drafter '%s': %s", path, strerror(errno));
+        }
+        const size_t offset = gguf_get_data_offset(file.gguf.get()) + gguf_get_tensor_offset(file.gguf.get(), index);
+        const bool ok = fseek(f, long(offset), SEEK_SET) == 0 && fread(dst, 1, n_bytes, f) == n_bytes;
+        fclose(f);
+        if (!ok) {
+            fail(DFLASH_ERR_IO, "drafter '%s': cannot read tensor '%s'", path, name);
+        }
+    }
+
+    // A tensor this engine does not use would change the math (fc.scale, attention sinks, ...):
+    // refuse rather than compute something else. A shipped token_embd (and, without d2t, output)
+    // is ignored: the drafter reads the target's raw embedding rows and head, as the reference does.
     void reject_unknown_tensors() const {
         for (int64_t i = 0; i < gguf_get_n_tensors(file.gguf.get()); ++i) {
             const std::string name = gguf_get_tensor_name(file.gguf.get(), i);
@@ -300,6 +351,7 @@ std::unique_ptr<Drafter> Drafter::load(const char * path, const char * target_pa
     }
     tf.n_vocab = int32_t(t_embd->ne[1]);
     hp.n_vocab = tf.n_vocab;
+    hp.n_vocab_draft = tf.n_vocab;  // unless the drafter has a d2t (declare_tensors)
 
     // -- drafter vs target --
     if (hp.n_embd != tf.n_embd || t_embd->ne[0] != hp.n_embd || t_out->ne[0] != hp.n_embd) {

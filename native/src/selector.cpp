@@ -43,14 +43,25 @@ int32_t softmax_draw(const float * x, int32_t n, float temperature, std::mt19937
 
 int32_t first_argmax(const float * x, int32_t n) { return int32_t(std::max_element(x, x + n) - x); }
 
+// argmax with ties going to the lower target id d2t[i]
+int32_t argmax_mapped(const float * x, int32_t n, const int32_t * d2t) {
+    int32_t best = 0;
+    for (int32_t i = 1; i < n; ++i) {
+        if (x[i] > x[best] || (x[i] == x[best] && d2t[i] < d2t[best])) {
+            best = i;
+        }
+    }
+    return best;
+}
+
 }  // namespace
 
-std::vector<int32_t> top_k_ids(const float * logits, int32_t n_vocab, int32_t k) {
+std::vector<int32_t> top_k_ids(const float * logits, int32_t n_vocab, int32_t k, const int32_t * d2t) {
     std::vector<int32_t> ids(n_vocab);
     std::iota(ids.begin(), ids.end(), 0);
     k = std::min(k, n_vocab);
-    std::partial_sort(ids.begin(), ids.begin() + k, ids.end(), [logits](int32_t a, int32_t b) {
-        return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+    std::partial_sort(ids.begin(), ids.begin() + k, ids.end(), [logits, d2t](int32_t a, int32_t b) {
+        return logits[a] > logits[b] || (logits[a] == logits[b] && (d2t ? d2t[a] < d2t[b] : a < b));
     });
     ids.resize(k);
     return ids;
@@ -67,9 +78,10 @@ void build_lattice(const SelectorInputs & in, const CodebookRow & predecessor, c
     for (int32_t j = 0; j < n; ++j) {
         const float * z  = in.logits + size_t(j) * in.n_vocab;
         const float * hh = in.projected + size_t(j) * r;
-        const std::vector<int32_t> cand = top_k_ids(z, in.n_vocab, K);
-        std::copy(cand.begin(), cand.end(), out.candidates.begin() + size_t(j) * K);
+        const std::vector<int32_t> rows = top_k_ids(z, in.n_vocab, K, in.d2t);  // draft ids
+        int32_t * cand = out.candidates.data() + size_t(j) * K;                 // target ids
         for (int32_t k = 0; k < K; ++k) {
+            cand[k] = in.d2t ? in.d2t[rows[k]] : rows[k];
             successor(cand[k], succ.data() + size_t(k) * r);
         }
         // predecessor rows: the anchor for the first slot (all K rows equal), else the previous candidates
@@ -89,7 +101,7 @@ void build_lattice(const SelectorInputs & in, const CodebookRow & predecessor, c
                 for (int32_t i = 0; i < r; ++i) {
                     acc += double(cond[i]) * double(Q[i]);
                 }
-                row[k] = float(double(z[cand[k]]) + acc);
+                row[k] = float(double(z[rows[k]]) + acc);
             }
         }
     }
@@ -119,20 +131,24 @@ void walk_lattice(Proposal & p, int32_t top_k, float temperature, std::mt19937_6
 }
 
 Proposal propose_independent(const float * logits, int32_t n_slots, int32_t n_vocab, float temperature,
-                             std::mt19937_64 & rng) {
+                             std::mt19937_64 & rng, const int32_t * d2t) {
     Proposal p;
     p.q_width = n_vocab;
     p.tokens.assign(n_slots, 0);
+    p.indices.assign(n_slots, 0);
     p.q.assign(size_t(n_slots) * n_vocab, 0.0f);
     for (int32_t j = 0; j < n_slots; ++j) {
         const float * z = logits + size_t(j) * n_vocab;
         float * q = p.q.data() + size_t(j) * n_vocab;
+        int32_t pick;
         if (temperature <= 0.0f) {
-            p.tokens[j] = first_argmax(z, n_vocab);
-            q[p.tokens[j]] = 1.0f;
+            pick = d2t ? argmax_mapped(z, n_vocab, d2t) : first_argmax(z, n_vocab);
+            q[pick] = 1.0f;
         } else {
-            p.tokens[j] = softmax_draw(z, n_vocab, temperature, rng, q);
+            pick = softmax_draw(z, n_vocab, temperature, rng, q);
         }
+        p.indices[j] = pick;
+        p.tokens[j]  = d2t ? d2t[pick] : pick;
     }
     return p;
 }

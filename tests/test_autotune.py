@@ -1,0 +1,120 @@
+"""n_max autotuning: the expected-speed model against simulation, and the engine switching
+speculation off where it loses (its output must then be plain decoding's)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pydflash import Engine
+from pydflash.autotune import AcceptanceModel, AutoTuner, CostModel, expected_tokens, nondecreasing
+from pydflash.convert import convert
+from fixtures_tiny import smollm2_drafter_config, write_checkpoint
+
+
+def simulate(alphas: list[float], k: int, n_steps: int, rng: np.random.Generator) -> tuple[int, list[int]]:
+    """Speculative steps with conditional acceptance ``alphas``: (tokens, steps accepting >= j drafts)."""
+    u = rng.random((n_steps, max(k, 1)))
+    accepted = np.zeros(n_steps, dtype=int)
+    alive = np.ones(n_steps, dtype=bool)
+    for j in range(k):
+        alive &= u[:, j] < alphas[j]
+        accepted += alive
+    per_pos = [int(np.sum(accepted >= j + 1)) for j in range(k)]
+    return int(np.sum(accepted + 1)), per_pos
+
+
+def test_expected_tokens_matches_simulation():
+    rng = np.random.default_rng(0)
+    for _ in range(5):
+        alphas = list(rng.uniform(0.2, 0.95, size=7))
+        for k in (1, 3, 7):
+            tokens, _ = simulate(alphas, k, 100_000, rng)
+            assert abs(tokens / 100_000 - expected_tokens(alphas, k)) < 0.03, (alphas, k)
+
+
+def test_acceptance_model_recovers_conditional_rates():
+    rng = np.random.default_rng(1)
+    truth = [0.85, 0.7, 0.6, 0.55, 0.5]
+    model = AcceptanceModel(n_positions=7, decay=1.0)
+    for _ in range(40):  # 40 generations of 200 steps with n_max 5
+        tokens, per_pos = simulate(truth, 5, 200, rng)
+        model.observe(200, 5, per_pos)
+    est = model.alphas()
+    np.testing.assert_allclose(est[:5], truth, atol=0.03)
+    assert est[5] == est[6] == est[4]  # positions never drafted take the last observed rate
+
+
+def test_tuner_picks_the_fastest_n_max_by_simulation():
+    """The tuner's choice runs within 2% of the fastest n_max found by simulating every n_max."""
+    rng = np.random.default_rng(2)
+    costs = CostModel(t_step_ms=10.0, verify=(1.0, 1.7, 2.6, 3.1, 3.9, 4.4, 5.0, 6.7),
+                      draft=(0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6))
+    for alphas in ([0.9] * 7, [0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1], [0.97, 0.95, 0.9, 0.9, 0.9, 0.8, 0.8]):
+        model = AcceptanceModel(n_positions=7, decay=1.0, prior_weight=0.0)
+        _, per_pos = simulate(alphas, 7, 50_000, rng)
+        model.observe(50_000, 7, per_pos)
+        tuner = AutoTuner(costs, model, margin=1.0)
+        speed = [1.0] + [simulate(alphas, k, 50_000, rng)[0] / 50_000 / costs.step_cost(k) for k in range(1, 8)]
+        pick = tuner.choose()
+        assert speed[pick] >= 0.98 * max(speed), (alphas, pick, speed)
+
+
+def test_tuner_switches_off_when_nothing_pays_and_probes_later():
+    costs = CostModel(t_step_ms=10.0, verify=(1.0, 1.8, 2.6, 3.4), draft=(0.4, 0.5, 0.6))
+    model = AcceptanceModel(n_positions=3)
+    tuner = AutoTuner(costs, model, probe_every=4)
+    first = tuner.choose()
+    assert first >= 1  # nothing observed yet: probe
+    tuner.acceptance.observe(50, first, [1] * first)  # almost nothing accepted
+    picks = [tuner.choose() for _ in range(8)]
+    assert picks.count(0) == 6 and all(p >= 1 for i, p in enumerate(picks) if (i + 2) % 4 == 0), picks
+
+
+def test_nondecreasing_is_least_squares_monotone_fit():
+    rng = np.random.default_rng(3)
+    for _ in range(20):
+        x = rng.uniform(0, 10, size=8)
+        y = np.array(nondecreasing(x))
+        assert np.all(np.diff(y) >= -1e-12)
+        # brute-force check of optimality against random monotone candidates
+        for _ in range(200):
+            cand = np.sort(rng.uniform(0, 10, size=8))
+            assert np.sum((y - x) ** 2) <= np.sum((cand - x) ** 2) + 1e-9
+
+
+@pytest.fixture(scope="module")
+def random_drafter(tmp_path_factory, smollm2_path):
+    tmp = tmp_path_factory.mktemp("autotune")
+    write_checkpoint(tmp / "hf", smollm2_drafter_config(block_size=4), seed=5)
+    return convert(tmp / "hf", tmp / "drafter.gguf", target_gguf=smollm2_path, outtype="f32", progress=False)
+
+
+def test_engine_auto_turns_a_losing_drafter_off(smollm2_path, random_drafter, monkeypatch):
+    """A random drafter is never accepted: after one probing generation the auto engine decodes
+    plainly, and every output equals plain decoding's (greedy) — cost measurement included."""
+    monkeypatch.setenv("PYDFLASH_AUTOTUNE_CACHE", "0")
+    prompts = ["def add(a, b):", "The capital of France is", "for i in range(10):"]
+    with Engine(smollm2_path, None, n_ctx=512, n_threads=2) as plain:
+        want = [plain.generate(p, max_tokens=24, temperature=0).tokens for p in prompts]
+    with Engine(smollm2_path, random_drafter, n_ctx=512, n_threads=2) as engine:
+        assert engine.auto_n_max and engine.autotuner is not None
+        costs = engine.autotuner.costs
+        assert len(costs.verify) == 4 and len(costs.draft) == 3 and costs.t_step_ms > 0
+        assert list(costs.verify) == sorted(costs.verify)
+        runs = [engine.generate(p, max_tokens=24, temperature=0) for p in prompts]
+        n_max = engine.last_n_max
+        stream_text = "".join(engine.stream(prompts[0], max_tokens=24, temperature=0))
+    assert runs[0].stats.n_drafted > 0  # the probe
+    assert runs[1].stats.n_drafted == runs[2].stats.n_drafted == 0 and n_max == 0
+    assert [r.tokens for r in runs] == want
+    assert stream_text == runs[0].text
+
+
+def test_engine_fixed_n_max_bypasses_autotuning(smollm2_path, random_drafter):
+    with Engine(smollm2_path, random_drafter, n_ctx=512, n_threads=2, n_max=2) as engine:
+        assert engine.autotuner is None
+        r = engine.generate("def add(a, b):", max_tokens=12, temperature=0)
+        assert r.stats.n_drafted > 0 and engine.last_n_max == 2
+    with pytest.raises(Exception, match="n_max"):
+        Engine(smollm2_path, random_drafter, n_ctx=512, n_max="fast")
