@@ -7,6 +7,7 @@ them without relearning.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Sequence
 
@@ -42,7 +43,9 @@ def _add_target(p: argparse.ArgumentParser) -> None:
     p.add_argument("-c", "--ctx-size", type=int, default=4096, help="context size (default 4096)")
     p.add_argument("-ngl", "--n-gpu-layers", type=int, default=0, help="layers on the GPU (GPU builds)")
     p.add_argument("-md", "--model-draft", "--spec-draft-model", dest="model_draft", default=None,
-                   help="DFlash/DFlash2 drafter GGUF (converted for this target)")
+                   help="DFlash/DFlash2 drafter GGUF (converted for this target); default: the drafter "
+                        "shipped for this target, if any")
+    p.add_argument("--no-draft", action="store_true", help="plain decoding, no drafter")
     p.add_argument("--spec-draft-n-max", type=n_max_arg, default="auto",
                    help="drafts verified per step, or 'auto': chosen from this machine's measured costs and the "
                         "acceptance seen so far, 0 where speculation would lose (default auto)")
@@ -55,10 +58,17 @@ def _add_target(p: argparse.ArgumentParser) -> None:
 def cmd_generate(args: argparse.Namespace) -> int:
     from .engine import Engine
 
-    with Engine(args.model, args.model_draft, n_ctx=args.ctx_size, n_threads=args.threads,
-                n_gpu_layers=args.n_gpu_layers, n_max=args.spec_draft_n_max, n_min=args.spec_draft_n_min,
-                p_min=args.spec_draft_p_min,
-                verbose=args.verbose) as engine:
+    import warnings
+
+    drafter = None if args.no_draft else (args.model_draft or "auto")
+    with warnings.catch_warnings(record=True) as notes:  # "no shipped drafter" becomes a one-line note
+        warnings.simplefilter("always")
+        engine = Engine(args.model, drafter, n_ctx=args.ctx_size, n_threads=args.threads,
+                        n_gpu_layers=args.n_gpu_layers, n_max=args.spec_draft_n_max, n_min=args.spec_draft_n_min,
+                        p_min=args.spec_draft_p_min, verbose=args.verbose)
+    for note in notes:
+        print(f"[pydflash] note: {note.message}", file=sys.stderr)
+    with engine:
         target = engine.target
         prompt = target.apply_chat_template([{"role": "user", "content": args.prompt}]) if args.chat else args.prompt
         tokens = target.tokenize(prompt, parse_special=args.chat)
@@ -82,7 +92,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         if engine.drafter is not None:
             per_pos = ", ".join(str(n) for n in st.accepted_per_position[: max(engine.last_n_max, 1)])
             print(
-                f"[pydflash] n_max {engine.last_n_max}{' (auto)' if engine.auto_n_max else ''}, drafted {st.n_drafted}, accepted {st.n_accepted} "
+                f"[pydflash] drafter {os.path.basename(engine.drafter.path)}, n_max {engine.last_n_max}{' (auto)' if engine.auto_n_max else ''}, drafted {st.n_drafted}, accepted {st.n_accepted} "
                 f"({100.0 * st.n_accepted / max(st.n_drafted, 1):.1f}%), verify steps {st.n_verify_steps}, "
                 f"tau {st.tau:.2f}, accepted per position [{per_pos}] | draft {st.t_draft_ms:.0f} ms, "
                 f"verify {st.t_verify_ms:.0f} ms, accept {st.t_accept_ms:.0f} ms",
@@ -140,6 +150,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("quantize", help="quantize a GGUF: IN OUT [Q4_K_M|Q8_0|Q5_K_M|Q6_K|...]", add_help=False)
     sub.add_parser("serve", help="OpenAI / llama-server compatible HTTP server (see `pydflash serve -h`)",
                    add_help=False)
+    sub.add_parser("train", help="train a DFlash2 drafter from a GGUF target (see `pydflash train -h`; torch extra)",
+                   add_help=False)
     sub.add_parser("draft-vocab", help="reduced-vocabulary drafter from a calibration prompt set "
                    "(see `pydflash draft-vocab -h`)", add_help=False)
     return parser
@@ -148,8 +160,12 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
-    if argv and argv[0] in ("convert", "quantize", "serve", "draft-vocab"):  # these own their flags
+    if argv and argv[0] in ("convert", "quantize", "serve", "draft-vocab", "train"):  # these own their flags
         try:
+            if argv[0] == "train":
+                from .train import pipeline
+
+                return pipeline.main(argv[1:])
             if argv[0] == "draft-vocab":
                 from . import draft_vocab
 

@@ -23,7 +23,9 @@ class Engine:
 
     Args:
         target: target GGUF path or a ``pydflash models`` name.
-        drafter: drafter GGUF path (a ``dflash`` file converted for this target), or None.
+        drafter: drafter GGUF path (a ``dflash`` file converted for this target), ``"auto"`` (the
+            drafter shipped in the package for this target; plain decoding with a warning if
+            none matches, see ``pydflash.drafters``), or None (plain decoding).
         n_ctx, n_threads, n_gpu_layers: as for ``Target``.
         n_max: drafts verified per step (llama.cpp's --spec-draft-n-max), clamped to block_size-1.
             ``"auto"`` (the default): chosen before each generation from this machine's measured
@@ -57,6 +59,10 @@ class Engine:
         self.target = Target(target, n_ctx=n_ctx, n_threads=n_threads, n_gpu_layers=n_gpu_layers,
                              n_seq_max=n_seq_max, verbose=verbose)
         self.drafter: Drafter | None = None
+        if isinstance(drafter, str) and drafter == "auto":  # the drafter shipped for this target, if any
+            from . import drafters
+
+            drafter = drafters.resolve_auto(self.target)
         self._drafter_args = (drafter, dict(n_ctx=self.target.info.n_ctx, n_threads=n_threads, exact_head=exact_head))
         self._seq_drafters: list[Drafter] = []  # drafters of sequences 1.. in generate_batch
         self.auto_n_max = n_max == "auto"

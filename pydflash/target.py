@@ -115,9 +115,18 @@ class Target(NativeObject):
     # -- text ----------------------------------------------------------------------------------
 
     def meta(self, key: str) -> str:
-        """A metadata value of the GGUF, as a string."""
+        """A metadata value of the GGUF, as a string (InvalidArgumentError if the key is absent)."""
+        size = 4096
         with self._lock:
-            return read_string(lambda buf, n, _out: lib.dflash_target_meta(self._h(), key.encode(), buf, n))
+            for _ in range(3):  # dflash_target_meta reports no length: grow until the value fits
+                buf = ffi.new("char[]", size)
+                status = lib.dflash_target_meta(self._h(), key.encode(), buf, size)
+                if status == lib.DFLASH_ERR_BUFFER_TOO_SMALL:
+                    size *= 16
+                    continue
+                check(status)
+                return ffi.string(buf).decode("utf-8", "replace")
+        raise errors.InternalError(f"metadata value of {key!r} is too long")
 
     def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
         """Text to token ids (BOS added when the model wants it and add_special is set)."""

@@ -1,0 +1,180 @@
+"""Training data from the GGUF target alone: its own continuations, tap features and labels.
+
+For each prompt the target writes its greedy continuation (batched plain decoding through the
+native engine); then the whole sequence (prompt + continuation) is decoded once more with the
+drafter's taps on, giving for every position p
+
+* ``features[p]``: the L tapped hidden states (HF layer ids ``l``, i.e. the *inputs* of target
+  layers ``l + 1``, spec 3.1), and
+* ``labels[p]``: the target's own argmax prediction for position p + 1 (teacher forced). On the
+  continuation this is the next token itself; on the prompt it is what the target would have said.
+
+The cache stores features compactly as float16 *scaled per row and tap* (each row divided by its
+absolute maximum, kept as float32): hidden states carry "massive activations" (a few channels
+hundreds of times larger than the rest) that overflow or flush plain float16, while the scaled
+form keeps ~11 significant bits for every value within 2**14 of its row's maximum.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import numpy as np
+
+__all__ = [
+    "FeatureCache",
+    "CapturedSequence",
+    "capture_sequence",
+    "decode_features",
+    "encode_features",
+    "generate_continuations",
+]
+
+CACHE_VERSION = 1
+
+
+def encode_features(features: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``[n, L, H]`` float32 -> (``[n, L, H]`` float16 in [-1, 1], ``[n, L]`` float32 row scales)."""
+    feats = np.asarray(features, dtype=np.float32)
+    scale = np.abs(feats).max(axis=-1)
+    scale = np.where(scale > 0, scale, 1.0).astype(np.float32)
+    return (feats / scale[..., None]).astype(np.float16), scale
+
+
+def decode_features(values: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """Inverse of :func:`encode_features` (float32)."""
+    return values.astype(np.float32) * np.asarray(scale, dtype=np.float32)[..., None]
+
+
+@dataclass
+class CapturedSequence:
+    """One training sequence: tokens, where the continuation starts, features and labels."""
+
+    id: str
+    tokens: np.ndarray  # [n] int32
+    prompt_len: int
+    features: np.ndarray  # [n, L, H] float32
+    labels: np.ndarray  # [n] int32: target argmax at each row (prediction for the next position)
+
+
+def generate_continuations(target, prompts: Sequence[Sequence[int]], *, max_tokens: int,
+                           batch: int = 8) -> list[list[int]]:  # type: ignore[no-untyped-def]
+    """The target's greedy continuations of token prompts, ``batch`` sequences at a time.
+
+    ``target`` is a ``pydflash.Engine`` without drafter (plain batched decoding); sequences stop
+    at the target's end-of-generation token or after ``max_tokens``.
+    """
+    out: list[list[int]] = []
+    for i in range(0, len(prompts), batch):
+        chunk = [list(p) for p in prompts[i: i + batch]]
+        results = target.generate_batch(chunk, max_tokens=max_tokens, temperature=0.0)
+        out.extend(list(r.tokens) for r in results)
+    return out
+
+
+def capture_sequence(target, tokens: Sequence[int], tap_layers: Sequence[int], *,
+                     chunk: int = 256) -> tuple[np.ndarray, np.ndarray]:  # type: ignore[no-untyped-def]
+    """Decode ``tokens`` on sequence 0 from position 0 with taps on.
+
+    Args:
+        target: a ``pydflash.Target`` (its KV cache of sequence 0 is cleared).
+        tap_layers: HF layer ids (the drafter's ``target_layer_ids``).
+        chunk: rows per decode call (<= the target's n_batch).
+    Returns:
+        (features ``[n, L, H]`` float32, labels ``[n]`` int32 = argmax of each row's logits).
+    """
+    tokens = [int(t) for t in tokens]
+    target.rollback(0)
+    target.set_taps([int(layer) + 1 for layer in tap_layers])
+    feats, labels = [], []
+    try:
+        for start in range(0, len(tokens), chunk):
+            part = tokens[start: start + chunk]
+            target.decode(part, all_logits=True)
+            feats.append(np.stack([target.tap_rows(k) for k in range(len(tap_layers))], axis=1))
+            labels.extend(int(np.argmax(target.logits(r))) for r in range(len(part)))
+    finally:
+        target.set_taps([])
+        target.rollback(0)
+    return np.concatenate(feats, axis=0), np.asarray(labels, dtype=np.int32)
+
+
+class FeatureCache:
+    """A directory of captured sequences: ``meta.json`` plus one ``.npz`` shard per sequence group.
+
+    Appending is crash-safe (each shard is written to a temporary name and renamed, then
+    ``meta.json`` is rewritten the same way), so an interrupted capture resumes where it stopped.
+    """
+
+    def __init__(self, directory: str | os.PathLike, *, tap_layers: Sequence[int] | None = None,
+                 target_name: str | None = None) -> None:
+        self.dir = Path(directory)
+        meta_path = self.dir / "meta.json"
+        if meta_path.exists():
+            self.meta = json.loads(meta_path.read_text())
+            if self.meta.get("version") != CACHE_VERSION:
+                raise ValueError(f"{self.dir}: feature cache version {self.meta.get('version')} != {CACHE_VERSION}")
+            if tap_layers is not None and list(tap_layers) != self.meta["tap_layers"]:
+                raise ValueError(f"{self.dir} holds taps {self.meta['tap_layers']}, not {list(tap_layers)}: "
+                                 "use another --cache directory")
+            if target_name is not None and target_name != self.meta.get("target"):
+                raise ValueError(f"{self.dir} was captured from {self.meta.get('target')!r}, not {target_name!r}")
+        else:
+            if tap_layers is None:
+                raise FileNotFoundError(f"no feature cache in {self.dir}")
+            self.meta = {"version": CACHE_VERSION, "tap_layers": [int(x) for x in tap_layers],
+                         "target": target_name, "format": "float16 scaled per row and tap", "shards": []}
+
+    @property
+    def tap_layers(self) -> list[int]:
+        return list(self.meta["tap_layers"])
+
+    @property
+    def ids(self) -> set[str]:
+        return {s for shard in self.meta["shards"] for s in shard["ids"]}
+
+    @property
+    def n_tokens(self) -> int:
+        return sum(shard["n_tokens"] for shard in self.meta["shards"])
+
+    def append(self, sequences: Iterable[CapturedSequence]) -> None:
+        """Write one shard holding ``sequences``."""
+        seqs = list(sequences)
+        if not seqs:
+            return
+        self.dir.mkdir(parents=True, exist_ok=True)
+        values, scales = encode_features(np.concatenate([s.features for s in seqs], axis=0))
+        lengths = np.asarray([len(s.tokens) for s in seqs], dtype=np.int64)
+        name = f"shard-{len(self.meta['shards']):05d}.npz"
+        tmp = self.dir / f".{name}.tmp.npz"
+        np.savez(tmp, tokens=np.concatenate([s.tokens for s in seqs]).astype(np.int32),
+                 labels=np.concatenate([s.labels for s in seqs]).astype(np.int32),
+                 lengths=lengths, prompt_lens=np.asarray([s.prompt_len for s in seqs], dtype=np.int64),
+                 values=values, scales=scales)
+        os.replace(tmp, self.dir / name)
+        self.meta["shards"].append({"file": name, "ids": [s.id for s in seqs], "n_tokens": int(lengths.sum())})
+        self._write_meta()
+
+    def _write_meta(self) -> None:
+        tmp = self.dir / ".meta.json.tmp"
+        tmp.write_text(json.dumps(self.meta, indent=1))
+        os.replace(tmp, self.dir / "meta.json")
+
+    def sequences(self, *, decode: bool = True) -> list[CapturedSequence]:
+        """Every cached sequence (features decoded to float32 unless ``decode=False``,
+        then ``features`` is the (values, scales) pair)."""
+        out = []
+        for shard in self.meta["shards"]:
+            with np.load(self.dir / shard["file"]) as z:
+                tokens, labels, lengths, plens = z["tokens"], z["labels"], z["lengths"], z["prompt_lens"]
+                values, scales = z["values"], z["scales"]
+            offsets = np.concatenate([[0], np.cumsum(lengths)])
+            for i, sid in enumerate(shard["ids"]):
+                a, b = int(offsets[i]), int(offsets[i + 1])
+                feats = decode_features(values[a:b], scales[a:b]) if decode else (values[a:b], scales[a:b])
+                out.append(CapturedSequence(sid, tokens[a:b], int(plens[i]), feats, labels[a:b]))
+        return out

@@ -1,0 +1,132 @@
+"""Many training blocks at once through the reference drafter's own modules.
+
+``DFlashDrafter.forward`` runs one block against one context; training needs dozens of blocks
+per step drawn from a few sequences. This module evaluates exactly the same math (same
+parameters, same sub-modules) for ``A`` anchors of each of ``S`` padded sequences in one pass:
+
+* the fused context ``g = RMSNorm(W_fc F)`` and its per-layer K/V are computed once per sequence;
+* block ``a`` of sequence ``s`` (anchor at position ``anchors[s, a]``) attends to the context
+  rows at positions ``< anchor`` plus all rows of its own block (non-causal), as at inference.
+
+``tests/test_train.py`` checks it against ``DFlashDrafter.forward`` block by block.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ..reference.model import DFlashDrafter, TargetWeights, apply_rope, rope_cos_sin
+
+__all__ = ["check_trainable", "forward_blocks", "batched_conv"]
+
+
+def check_trainable(model: DFlashDrafter) -> None:
+    """The batched path covers full, non-causal attention without rope scaling (our drafters)."""
+    cfg = model.config
+    if cfg.rope_scaling:
+        raise ValueError("training a drafter with rope scaling is not supported")
+    for i in range(cfg.num_hidden_layers):
+        if cfg.layer_is_causal(i) or cfg.layer_window(i) is not None:
+            raise ValueError(f"layer {i} is causal or sliding: training supports full non-causal drafter layers")
+
+
+def batched_conv(z: Tensor, coeff: Tensor, base: Tensor, group_size: int) -> Tensor:
+    """``grouped_dynamic_causal_conv`` over ``[N, B, H]`` blocks (padding at each block's start).
+
+    ``coeff`` is ``[N, B, T, G]`` (one side), ``base`` ``[T, H]``.
+    """
+    n_rows = z.shape[1]
+    weight = base[None, None].to(z.dtype) + coeff.repeat_interleave(group_size, dim=-1)  # [N, B, T, H]
+    out = weight[:, :, 0] * z
+    for t in range(1, min(base.shape[0], n_rows)):
+        shifted = torch.cat([z.new_zeros(z.shape[0], t, z.shape[2]), z[:, :-t]], dim=1)
+        out = out + weight[:, :, t] * shifted
+    return out
+
+
+def _layer(layer, h: Tensor, ctx_k: Tensor, ctx_v: Tensor, ctx_visible: Tensor, rope_blk: tuple[Tensor, Tensor],
+           n_anchor: int) -> Tensor:
+    """One decoder layer for blocks ``h`` [S*A, B, H] (see ``DecoderLayer.forward``)."""
+    attn = layer.self_attn
+    n_blocks, blk, hidden = h.shape
+    a = layer.input_layernorm(h)
+    conv = layer.attention_conv
+    if conv is not None:
+        coeffs = conv.kernel_projection(a).view(n_blocks, blk, 2, conv.kernel_size, hidden // conv.group_size)
+        a = batched_conv(a, coeffs[:, :, 0], conv.base_kernel[0], conv.group_size)
+    cos, sin = rope_blk  # [S*A, B, d]
+    q = attn.q_norm(attn.q_proj(a).view(n_blocks, blk, attn.n_head, attn.head_dim))
+    q = _rope(q, cos, sin)
+    kb = attn.k_norm(attn.k_proj(a).view(n_blocks, blk, attn.n_head_kv, attn.head_dim))
+    kb = _rope(kb, cos, sin)
+    vb = attn.v_proj(a).view(n_blocks, blk, attn.n_head_kv, attn.head_dim)
+    rep = attn.n_head // attn.n_head_kv
+    # context keys are shared by the A blocks of a sequence: [S, n, kv, d] -> per block by index
+    ck = ctx_k.repeat_interleave(n_anchor, dim=0)  # [S*A, n, kv, d]
+    cv = ctx_v.repeat_interleave(n_anchor, dim=0)
+    k = torch.cat([ck, kb], dim=1).repeat_interleave(rep, dim=2)
+    v = torch.cat([cv, vb], dim=1).repeat_interleave(rep, dim=2)
+    scores = torch.einsum("nbhd,nkhd->nhbk", q, k) * attn.head_dim**-0.5
+    visible = torch.cat([ctx_visible, ctx_visible.new_ones(n_blocks, blk)], dim=1)  # [S*A, n + B]
+    scores = scores.masked_fill(~visible[:, None, None, :], float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    o = attn.o_proj(torch.einsum("nhbk,nkhd->nbhd", probs, v).reshape(n_blocks, blk, attn.n_head * attn.head_dim))
+    if conv is not None:
+        o = batched_conv(o, coeffs[:, :, 1], conv.base_kernel[1], conv.group_size)
+    h = h + o
+
+    m = layer.post_attention_layernorm(h)
+    conv = layer.mlp_conv
+    if conv is not None:
+        coeffs = conv.kernel_projection(m).view(n_blocks, blk, 2, conv.kernel_size, hidden // conv.group_size)
+        m = batched_conv(m, coeffs[:, :, 0], conv.base_kernel[0], conv.group_size)
+    f = layer.mlp(m)
+    if conv is not None:
+        f = batched_conv(f, coeffs[:, :, 1], conv.base_kernel[1], conv.group_size)
+    return h + f
+
+
+def _rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """RoPE on ``[N, B, heads, d]`` with tables ``[N, B, d]``."""
+    n, b = x.shape[:2]
+    return apply_rope(x.reshape(n * b, *x.shape[2:]), cos.reshape(n * b, -1), sin.reshape(n * b, -1)).view(x.shape)
+
+
+def forward_blocks(model: DFlashDrafter, features: Tensor, block_tokens: Tensor, anchors: Tensor,
+                   target: TargetWeights, *, with_logits: bool = True) -> tuple[Tensor, Tensor | None]:
+    """Final-normed hidden (and logits) of ``S*A`` blocks.
+
+    Args:
+        features: ``[S, n, L*H]`` target features of S sequences (padded rows may hold anything:
+            a block only sees context positions below its anchor).
+        block_tokens: ``[S, A, B]`` block inputs ([anchor, MASK, ...]).
+        anchors: ``[S, A]`` anchor positions (the block of anchor s sits at s .. s+B-1; it sees
+            context rows 0 .. s-1).
+    Returns:
+        (hidden ``[S, A, B, H]``, logits ``[S, A, B, V]`` or None).
+    """
+    cfg = model.config
+    n_seq, n_anchor, blk = block_tokens.shape
+    n_ctx = features.shape[1]
+    dtype = model.dtype
+    g = model.hidden_norm(model.fc(features.to(dtype)))  # [S, n, H]
+    ctx_pos = torch.arange(n_ctx, dtype=torch.int64)
+    ctx_cos, ctx_sin = rope_cos_sin(ctx_pos, cfg.head_dim, cfg.rope_theta, dtype)
+    blk_pos = anchors.reshape(-1, 1) + torch.arange(blk, dtype=torch.int64)[None, :]  # [S*A, B]
+    cos, sin = rope_cos_sin(blk_pos.reshape(-1), cfg.head_dim, cfg.rope_theta, dtype)
+    rope_blk = (cos.view(n_seq * n_anchor, blk, -1), sin.view(n_seq * n_anchor, blk, -1))
+    ctx_visible = ctx_pos[None, :] < anchors.reshape(-1, 1)  # [S*A, n]
+
+    h = model.embed(block_tokens.reshape(-1, blk), target)  # [S*A, B, H]
+    for layer in model.layers:
+        attn = layer.self_attn
+        k = attn.k_norm(attn.k_proj(g).view(n_seq, n_ctx, attn.n_head_kv, attn.head_dim))
+        k = apply_rope(k.reshape(n_seq * n_ctx, attn.n_head_kv, -1),
+                       ctx_cos.repeat(n_seq, 1), ctx_sin.repeat(n_seq, 1)).view(k.shape)
+        v = attn.v_proj(g).view(n_seq, n_ctx, attn.n_head_kv, attn.head_dim)
+        h = _layer(layer, h, k, v, ctx_visible, rope_blk, n_anchor)
+    hidden = model.norm(h)
+    logits = model.logits(hidden, target) if with_logits else None
+    shape = (n_seq, n_anchor, blk)
+    return hidden.view(*shape, -1), None if logits is None else logits.view(*shape, -1)

@@ -1,0 +1,108 @@
+"""Training losses and the teacher-forced acceptance metric.
+
+Drafter loss (DFlash recipe): slot j of a block (j = 1..B-1, same-position labels) is trained
+with cross-entropy against the target's token at position s + j, weighted by
+``w_j = exp(-(j - 1) / gamma)``: early slots matter most, because a draft is only as long as
+its accepted prefix. Weights are normalised over the valid (in-sequence) slots of the batch.
+
+Selector loss (DFlash2): for each slot the K candidates are the drafter's top-K tokens
+(detached), the predecessor is the *true* previous token (the anchor for slot 1), and the score
+of candidate k is the selector's lattice score
+
+    score_j(k) = u_j[k] + < P[y_{j-1}] * (W_h h_j), Q[C_j[k]] >
+
+with the unary ``u`` and the hidden ``h`` detached, so this loss trains only the codebooks P, Q
+and the projection W_h. It is the cross-entropy of ``softmax_k(score_j)`` against the index of
+the true token y_j among the candidates, over the slots where y_j is a candidate at all (the
+selector cannot recover a token the drafter did not rank in its top K), with the same slot
+weights. Teacher forcing on y_{j-1} matches what the walk sees whenever the previous draft was
+accepted, which is the only case in which slot j's draft can count.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+from torch.nn import functional as F
+
+from ..reference.selector import CandidateSelector
+
+__all__ = ["LossParts", "slot_weights", "drafter_loss", "selector_loss", "greedy_acceptance"]
+
+
+def slot_weights(block_size: int, gamma: float) -> Tensor:
+    """``[B-1]`` weights exp(-(j-1)/gamma) for slots j = 1..B-1."""
+    j = torch.arange(1, block_size, dtype=torch.float32)
+    return torch.exp(-(j - 1) / gamma)
+
+
+@dataclass
+class LossParts:
+    total: Tensor
+    drafter: Tensor
+    selector: Tensor
+
+
+def drafter_loss(logits: Tensor, labels: Tensor, valid: Tensor, weights: Tensor) -> Tensor:
+    """Position-decayed CE. ``logits`` [N, B-1, V], ``labels``/``valid`` [N, B-1], ``weights`` [B-1]."""
+    ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1).clamp(min=0),
+                         reduction="none").view(labels.shape)
+    w = weights[None, :] * valid
+    return (ce * w).sum() / w.sum().clamp(min=1e-9)
+
+
+def selector_loss(selector: CandidateSelector, hidden: Tensor, logits: Tensor, prev_tokens: Tensor,
+                  labels: Tensor, valid: Tensor, weights: Tensor) -> Tensor:
+    """Candidate-lattice CE (module docstring). hidden [N, B-1, H], logits [N, B-1, V],
+    prev_tokens/labels/valid [N, B-1]."""
+    unary, cands = torch.topk(logits.detach(), selector.top_k, dim=-1)  # [N, B-1, K]
+    proj = selector.hidden_projection(hidden.detach())  # [N, B-1, r]
+    cond = selector.predecessor_codebook[prev_tokens.clamp(min=0)] * proj  # [N, B-1, r]
+    succ = selector.successor_codebook[cands]  # [N, B-1, K, r]
+    scores = unary.float() + torch.einsum("nbr,nbkr->nbk", cond, succ).float()
+    hit = cands == labels[..., None]
+    present = hit.any(-1) & valid
+    target = hit.float().argmax(-1)
+    ce = F.cross_entropy(scores.reshape(-1, scores.shape[-1]), target.reshape(-1), reduction="none").view(labels.shape)
+    w = weights[None, :] * present
+    return (ce * w).sum() / w.sum().clamp(min=1e-9)
+
+
+@torch.no_grad()
+def greedy_acceptance(selector: CandidateSelector | None, hidden: Tensor, logits: Tensor, anchors_tok: Tensor,
+                      labels: Tensor, valid: Tensor) -> tuple[Tensor, Tensor]:
+    """Teacher-forced greedy drafting of each block, compared with the target's tokens.
+
+    Walks the selector lattice greedily (argmax of each slot for a v1 drafter) exactly as the
+    engine does, then counts the accepted prefix. Returns (accepted drafts per block [N],
+    per-slot "accepted up to here" counts [B-1]); tau = 1 + mean accepted.
+    """
+    n, slots, _ = logits.shape
+    if selector is None:
+        drafts = logits.argmax(-1)
+    else:
+        unary, cands = torch.topk(logits, selector.top_k, dim=-1)
+        proj = selector.hidden_projection(hidden)
+        succ = selector.successor_codebook[cands]  # [N, S, K, r]
+        drafts = torch.empty(n, slots, dtype=torch.int64)
+        prev = anchors_tok.clone()
+        for j in range(slots):
+            cond = selector.predecessor_codebook[prev] * proj[:, j]  # [N, r]
+            score = unary[:, j] + torch.einsum("nr,nkr->nk", cond, succ[:, j])
+            pick = cands[:, j].gather(1, score.argmax(-1, keepdim=True))[:, 0]
+            drafts[:, j] = pick
+            prev = pick
+    ok = (drafts == labels) & valid
+    prefix = torch.cumprod(ok.long(), dim=1)
+    return prefix.sum(1), prefix.sum(0)
+
+
+def lr_at(step: int, total: int, peak: float, warmup: int) -> float:
+    """Linear warm-up then cosine decay to 10% of the peak."""
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    t = min(1.0, (step - warmup) / max(1, total - warmup))
+    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * t)))

@@ -1,0 +1,237 @@
+"""``pydflash train``: capture -> train -> export, resumable at every stage.
+
+    pydflash train --target smollm2-135m --prompts humaneval,stdlib --out runs/smollm2 \\
+        --layers 1 --block-size 8 --steps 3000 --threads 1
+
+``--out`` holds everything: ``cache/`` (captured features), ``checkpoint.pt`` (resumed
+automatically), ``train-log.jsonl``, ``hf/`` (the HF checkpoint the converter reads) and the
+GGUF files (F16 + the ``--quant`` types). Running the same command again continues where it
+stopped; ``--export-only`` re-exports the last checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Sequence
+
+__all__ = ["build_config", "capture", "export", "main", "default_taps"]
+
+
+def default_taps(n_layers: int, count: int = 4) -> list[int]:
+    """``count`` HF layer ids spread from layer 1 to layer n-2 (the last layer's output is
+    post-norm in HF and special in llama.cpp, so it is not tapped)."""
+    if n_layers < 4:
+        return list(range(max(1, n_layers - 1)))
+    return sorted({round(1 + i * (n_layers - 3) / (count - 1)) for i in range(count)})
+
+
+def build_config(facts: dict, *, layers: int = 1, taps: Sequence[int] | None = None, block_size: int = 8,
+                 selector_rank: int = 32, selector_top_k: int = 8, mask_token_id: int = 0,
+                 conv_group_size: int = 16):  # type: ignore[no-untyped-def]
+    """A DFlash2 config shaped like the target's layers (so they can seed the drafter)."""
+    from ..reference.config import DFlashConfig
+
+    taps = list(taps) if taps else default_taps(facts["num_layers"])
+    bad = [t for t in taps if not 0 <= t < facts["num_layers"] - 1]
+    if bad:
+        raise ValueError(f"tap layers {bad} outside 0..{facts['num_layers'] - 2} for this target")
+    return DFlashConfig(
+        hidden_size=facts["hidden_size"], num_hidden_layers=layers, num_attention_heads=facts["num_heads"],
+        num_key_value_heads=facts["num_kv_heads"], head_dim=facts["head_dim"],
+        intermediate_size=facts["intermediate_size"], vocab_size=facts["vocab_size"], target_layer_ids=tuple(taps),
+        rms_norm_eps=facts["rms_norm_eps"], rope_theta=facts["rope_theta"], max_position_embeddings=32768,
+        block_size=block_size, mask_token_id=mask_token_id, is_causal=False, conv_kernel_size=2,
+        conv_group_size=conv_group_size, selector_rank=selector_rank, selector_top_k=selector_top_k,
+        num_target_layers=facts["num_layers"],
+    )
+
+
+def _progress(label: str, total: int):  # type: ignore[no-untyped-def]
+    from .._progress import ProgressBar
+
+    return ProgressBar(label, total, enabled=True)
+
+
+def capture(target_path: str, prompts, cache_dir: str | os.PathLike, taps: Sequence[int], *,  # type: ignore[no-untyped-def]
+            max_prompt: int = 384, max_new: int = 192, threads: int | None = None, batch: int = 8,
+            log=print) -> "object":
+    """Generate and capture every prompt not yet in the cache; returns the FeatureCache."""
+    import numpy as np
+
+    from ..engine import Engine
+    from .features import CapturedSequence, FeatureCache, capture_sequence, generate_continuations
+
+    cache = FeatureCache(cache_dir, tap_layers=taps, target_name=Path(target_path).name)
+    todo = [p for p in prompts if p.id not in cache.ids]
+    if not todo:
+        return cache
+    log(f"capture: {len(todo)} prompts ({len(prompts) - len(todo)} cached), taps {list(taps)}")
+    n_ctx = max_prompt + max_new + 8
+    with Engine(target_path, None, n_ctx=n_ctx * batch, n_threads=threads, n_seq_max=batch) as engine:
+        target = engine.target
+        bar = _progress("capture", len(todo))
+        t0, n_tok = time.monotonic(), 0
+        for i in range(0, len(todo), batch):
+            group = []
+            for p in todo[i: i + batch]:
+                toks = target.tokenize(p.render(target), parse_special=bool(p.messages))
+                if 2 <= len(toks) <= max_prompt:
+                    group.append((p, toks))
+            if not group:
+                bar.advance(len(todo[i: i + batch]))
+                continue
+            conts = generate_continuations(engine, [t for _, t in group], max_tokens=max_new, batch=batch)
+            for sid in range(batch):
+                target.rollback(0, seq_id=sid)
+            seqs = []
+            for (p, toks), cont in zip(group, conts):
+                full = list(toks) + list(cont)
+                feats, labels = capture_sequence(target, full, taps)
+                seqs.append(CapturedSequence(p.id, np.asarray(full, dtype=np.int32), len(toks), feats, labels))
+                n_tok += len(full)
+            cache.append(seqs)
+            bar.advance(len(todo[i: i + batch]))
+        bar.close()
+        log(f"capture: {n_tok} tokens in {time.monotonic() - t0:.0f} s; cache holds {cache.n_tokens} tokens")
+    return cache
+
+
+def export(model, out_dir: str | os.PathLike, target_gguf: str, *, name: str,  # type: ignore[no-untyped-def]
+           quant: Sequence[str] = ("Q8_0",), threads: int | None = None, outtype: str = "bf16") -> list[Path]:
+    """HF checkpoint (``out_dir/hf/<name>``) -> ``<name>-BF16.gguf`` (``outtype``) -> quantized variants."""
+    import torch
+    from safetensors.torch import save_file
+
+    from ..convert import convert
+    from ..quantize import quantize
+
+    out_dir = Path(out_dir)
+    hf = out_dir / "hf" / name
+    hf.mkdir(parents=True, exist_ok=True)
+    (hf / "config.json").write_text(json.dumps(model.config.to_hf(), indent=2))
+    tensors = {k: v.detach().to(torch.float32).contiguous() for k, v in model.state_dict().items()}
+    save_file(tensors, str(hf / "model.safetensors"), metadata={"format": "pt"})
+    f16 = convert(hf, out_dir / f"{name}-{outtype.upper()}.gguf", target_gguf=target_gguf, outtype=outtype,
+                  progress=False)
+    files = [f16]
+    for q in quant:
+        files.append(quantize(f16, out_dir / f"{name}-{q.upper()}.gguf", q, n_threads=threads, progress=False))
+    return files
+
+
+def _split(sequences, val_fraction: float):  # type: ignore[no-untyped-def]
+    """Deterministic train/validation split by sequence id."""
+    def is_val(sid: str) -> bool:
+        return int(hashlib.sha256(sid.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF < val_fraction
+
+    return [s for s in sequences if not is_val(s.id)], [s for s in sequences if is_val(s.id)]
+
+
+def build_parser(prog: str = "pydflash train") -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description="train a DFlash2 drafter from a GGUF target (torch extra)")
+    p.add_argument("--target", required=True, help="target GGUF path or a `pydflash models` name")
+    p.add_argument("--prompts", default="humaneval,stdlib",
+                   help="prompt sources: humaneval, gsm_symbolic, stdlib, *.jsonl (comma-separated; "
+                        "held-out HumanEval/132..163 are always excluded)")
+    p.add_argument("--limit", type=int, default=None, help="prompts per source")
+    p.add_argument("--out", required=True, help="run directory (cache, checkpoint, logs, exports)")
+    p.add_argument("--name", default=None, help="drafter name (default: <target>-dflash2)")
+    p.add_argument("--layers", type=int, default=1, help="drafter layers (default 1)")
+    p.add_argument("--taps", default=None, help="tapped target layers, HF ids (default: 4 spread layers)")
+    p.add_argument("--block-size", type=int, default=8)
+    p.add_argument("--selector-rank", type=int, default=32)
+    p.add_argument("--selector-top-k", type=int, default=8)
+    p.add_argument("--mask-token-id", type=int, default=0)
+    p.add_argument("--max-prompt", type=int, default=384, help="longer prompts are skipped")
+    p.add_argument("--max-new", type=int, default=192, help="continuation tokens per prompt")
+    p.add_argument("--steps", type=int, default=2000)
+    p.add_argument("--seqs-per-step", type=int, default=4)
+    p.add_argument("--anchors-per-seq", type=int, default=16)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--gamma", type=float, default=4.0, help="slot weight decay exp(-(j-1)/gamma)")
+    p.add_argument("--max-minutes", type=float, default=None, help="stop training after this long (resumable)")
+    p.add_argument("--checkpoint-every", type=int, default=100)
+    p.add_argument("--eval-every", type=int, default=100)
+    p.add_argument("--quant", default="Q8_0,Q4_K_M", help="quantized exports (comma-separated; '' = none)")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads for torch and the target")
+    p.add_argument("--capture-only", action="store_true")
+    p.add_argument("--no-capture", action="store_true", help="train on what the cache holds (skip new prompts)")
+    p.add_argument("--export-only", action="store_true")
+    p.add_argument("--seed", type=int, default=0)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        import torch
+    except ImportError:
+        print("pydflash train needs torch: pip install 'pydflash[train]'", file=sys.stderr)
+        return 1
+    from .. import models
+    from ..reference.model import DFlashDrafter, TargetWeights
+    from . import prompts as train_prompts
+    from .features import FeatureCache
+    from .init import init_from_target, target_facts
+    from .trainer import Trainer, TrainSettings
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    target_path = str(models.resolve(args.target))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    log_file = open(out / "train-log.jsonl", "a", encoding="utf-8")
+
+    def log(msg: str) -> None:
+        print(msg, file=sys.stderr, flush=True)
+        log_file.write(msg + "\n")
+        log_file.flush()
+
+    facts = target_facts(target_path)
+    taps = [int(x) for x in args.taps.split(",")] if args.taps else None
+    config = build_config(facts, layers=args.layers, taps=taps, block_size=args.block_size,
+                          selector_rank=args.selector_rank, selector_top_k=args.selector_top_k,
+                          mask_token_id=args.mask_token_id)
+    name = args.name or f"{Path(target_path).stem.split('-Q')[0]}-DFlash2"
+    cache_dir = out / "cache"
+    if not (args.export_only or args.no_capture):
+        prompts = train_prompts.load(args.prompts, limit=args.limit)
+        capture(target_path, prompts, cache_dir, config.target_layer_ids, max_prompt=args.max_prompt,
+                max_new=args.max_new, threads=args.threads, log=log)
+    if args.capture_only:
+        return 0
+    model = DFlashDrafter(config)
+    init_notes = init_from_target(model, target_path, seed=args.seed)
+    weights = TargetWeights.from_gguf(target_path)
+    settings = TrainSettings(steps=args.steps, seqs_per_step=args.seqs_per_step, anchors_per_seq=args.anchors_per_seq,
+                             lr=args.lr, gamma=args.gamma, seed=args.seed, checkpoint_every=args.checkpoint_every,
+                             eval_every=args.eval_every, max_minutes=args.max_minutes,
+                             max_len=args.max_prompt + args.max_new)
+    cache = FeatureCache(cache_dir)
+    train_seqs, val_seqs = _split(cache.sequences(decode=False), 0.05)
+    trainer = Trainer(model, weights, train_seqs, val_seqs, settings, out, log=log)
+    if trainer.load_checkpoint():
+        log(f"resumed from {trainer.checkpoint_path} at step {trainer.step}")
+    else:
+        log(json.dumps({"init": init_notes, "config": config.to_hf(), "train_sequences": len(train_seqs),
+                        "val_sequences": len(val_seqs), "train_tokens": sum(len(s.tokens) for s in train_seqs)}))
+    if not args.export_only:
+        bar = _progress("train", settings.steps)
+        bar.update(trainer.step)
+
+        def on_step(rec: dict) -> None:
+            bar.label = f"train loss {rec['loss']:.3f} ({rec['s_per_step']:.2f} s/step)"
+            bar.update(rec["step"])
+
+        trainer.fit(on_step)
+        bar.close()
+    quant = [q for q in args.quant.split(",") if q]
+    files = export(model, out, target_path, name=name, quant=quant, threads=args.threads)
+    log(json.dumps({"exported": [str(f) for f in files], "step": trainer.step}))
+    return 0

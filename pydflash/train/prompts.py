@@ -1,0 +1,106 @@
+"""Training prompt sources, and the held-out HumanEval tasks training must never see.
+
+``load(spec)`` accepts what ``pydflash.prompts.load`` accepts (``humaneval``, ``gsm_symbolic``, a
+``.jsonl`` file, comma-joined) plus ``stdlib``: function headers with their docstrings taken from
+the Python standard library on this machine (HumanEval-shaped code prompts for free). Every
+prompt whose id is a held-out HumanEval task is dropped.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import sysconfig
+from dataclasses import dataclass, field
+from pathlib import Path
+
+__all__ = ["HELD_OUT_HUMANEVAL", "TrainPrompt", "load", "held_out_humaneval"]
+
+#: the last 32 HumanEval tasks: kept for tau measurements, never trained on
+HELD_OUT_HUMANEVAL = frozenset(f"HumanEval/{i}" for i in range(132, 164))
+
+
+@dataclass(frozen=True)
+class TrainPrompt:
+    id: str
+    text: str = ""
+    messages: tuple[dict, ...] = field(default=(), repr=False)
+
+    def render(self, target) -> str:  # type: ignore[no-untyped-def]
+        if self.messages:
+            return target.apply_chat_template([dict(m) for m in self.messages])
+        return self.text
+
+
+def _stdlib(limit: int | None, min_doc: int = 40, max_chars: int = 1200) -> list[TrainPrompt]:
+    """``def`` line(s) + docstring of documented public functions (``limit`` spread evenly)."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    out: list[TrainPrompt] = []
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
+        if any(part in rel for part in ("test", "idlelib", "site-packages", "lib2to3", "turtledemo")):
+            continue
+        try:
+            source = path.read_text(encoding="utf-8")
+            tree = ast.parse(source)
+        except (SyntaxError, UnicodeDecodeError, ValueError):
+            continue
+        lines = source.splitlines(keepends=True)
+        for node in ast.walk(tree):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) or node.name.startswith("_"):
+                continue
+            doc = ast.get_docstring(node)
+            if not doc or len(doc) < min_doc or not node.body:
+                continue
+            first = node.body[0]
+            start = node.decorator_list[0].lineno if node.decorator_list else node.lineno
+            text = "".join(lines[start - 1: first.end_lineno])
+            indent = len(text) - len(text.lstrip(" "))
+            text = "".join(line[indent:] if line.startswith(" " * indent) else line for line in text.splitlines(True))
+            if len(text) > max_chars:
+                continue
+            out.append(TrainPrompt(id=f"stdlib/{rel}:{node.lineno}", text=text))
+    if limit is not None and len(out) > limit:  # evenly spread over the library, not its first modules
+        out = [out[round(i * (len(out) - 1) / max(1, limit - 1))] for i in range(limit)]
+    return out
+
+
+def _jsonl(path: Path) -> list[TrainPrompt]:
+    out = []
+    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if line.strip():
+            row = json.loads(line)
+            pid = str(row.get("id", f"{path.stem}/{lineno}"))
+            if row.get("prompt"):
+                out.append(TrainPrompt(pid, text=row["prompt"]))
+            elif row.get("messages"):
+                out.append(TrainPrompt(pid, messages=tuple(row["messages"])))
+            else:
+                raise ValueError(f"{path}:{lineno}: needs 'prompt' or 'messages'")
+    return out
+
+
+def load(spec: str, *, limit: int | None = None) -> list[TrainPrompt]:
+    """Prompts of comma-separated sources (``limit`` per source), held-out HumanEval removed."""
+    out: list[TrainPrompt] = []
+    for part in (p.strip() for p in spec.split(",") if p.strip()):
+        if part == "stdlib":
+            got = _stdlib(limit)
+        elif part.endswith(".jsonl") and Path(part).is_file():
+            got = _jsonl(Path(part))
+        else:
+            try:
+                from .. import prompts as shared  # the project's loaders (humaneval, gsm_symbolic, jsonl)
+            except ImportError:  # pragma: no cover - older checkouts
+                raise ValueError(f"unknown prompt source {part!r}: use stdlib or a .jsonl file") from None
+            got = [TrainPrompt(p.id, text=p.text, messages=tuple(p.messages)) for p in shared.load(part)]
+        got = [p for p in got if p.id not in HELD_OUT_HUMANEVAL]
+        out.extend(got[:limit] if limit is not None else got)
+    return out
+
+
+def held_out_humaneval() -> list[TrainPrompt]:
+    """The held-out HumanEval prompts (for tau measurements only)."""
+    from .. import prompts as shared
+
+    return [TrainPrompt(p.id, text=p.text) for p in shared.load("humaneval") if p.id in HELD_OUT_HUMANEVAL]

@@ -1,0 +1,69 @@
+"""The drafter shipped in the package and ``drafter="auto"`` / the CLI default.
+
+Reference: plain greedy decoding of the same target (speculative output must equal it), and the
+shipped file's own metadata (it must really be a DFlash2 drafter for the target it is paired with).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import warnings
+
+import pytest
+
+from pydflash import Engine, Target, drafters
+from pydflash.convert import read_gguf_header
+
+SMOL = drafters.SHIPPED[0]
+PROMPT = "def is_prime(n):\n    \"\"\"Return True if n is prime.\"\"\"\n"
+
+
+def test_shipped_file_is_a_small_dflash2_drafter_for_smollm2():
+    assert SMOL.path.is_file(), f"{SMOL.path} is missing from the package"
+    assert SMOL.path.stat().st_size <= 10 * 1024 * 1024
+    kv = read_gguf_header(SMOL.path).kv
+    assert kv["general.architecture"].value == b"dflash"
+    assert kv["dflash.selector_top_k"].value > 0  # DFlash2
+    assert kv["dflash.embedding_length"].value == SMOL.n_embd
+
+
+def test_auto_picks_the_shipped_drafter_and_output_equals_plain(smollm2_path):
+    with Target(smollm2_path, n_ctx=1024, n_threads=1) as plain:
+        want = plain.generate(PROMPT, max_tokens=48, temperature=0)
+    with Engine(smollm2_path, "auto", n_ctx=1024, n_threads=1) as engine:
+        assert engine.drafter is not None and engine.drafter.path == str(SMOL.path)
+        got = engine.generate(PROMPT, max_tokens=48, temperature=0, n_max=7)
+    assert got.tokens == want.tokens
+    assert got.stats.n_drafted > 0
+
+
+def test_auto_without_a_match_warns_and_decodes_plainly(qwen05_path):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with Engine(qwen05_path, "auto", n_ctx=256, n_threads=1) as engine:
+            assert engine.drafter is None
+    assert any("no shipped drafter" in str(w.message) for w in caught)
+
+
+def test_a_same_shape_target_with_another_name_does_not_match(smollm2):
+    class Renamed:
+        path, info = smollm2.path, smollm2.info
+
+        def meta(self, key):  # type: ignore[no-untyped-def]
+            return "someothermodel" if key.startswith("general.") and key != "general.architecture" \
+                else smollm2.meta(key)
+
+    assert smollm2.meta("general.architecture") == "llama"
+    assert drafters.find_for_target(smollm2) == SMOL
+    assert drafters.find_for_target(Renamed()) is None
+
+
+@pytest.mark.parametrize("flags, drafting", [([], True), (["--no-draft"], False)])
+def test_cli_generate_defaults_to_the_shipped_drafter(flags, drafting):
+    site = ["-S"] if sys.flags.no_site else []  # keep the interpreter's own import setup
+    cmd = [sys.executable, *site, "-m", "pydflash.cli", "generate", "-p", PROMPT, "-n", "24", "--temp", "0", "-t", "1",
+           "--no-stream", *flags]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert ("drafter smollm2-135m-instruct-dflash2.gguf" in out.stderr) == drafting
