@@ -91,7 +91,7 @@ class UpstreamServer:
         self.peak_rss_mib = max(self.peak_rss_mib, peak_rss_mib(self.proc.pid))
         return out
 
-    def log_tail(self, n: int = 2000) -> str:
+    def log_tail(self, n: int = 4000) -> str:
         return Path(self._log.name).read_text(errors="replace")[-n:]
 
     def close(self) -> None:

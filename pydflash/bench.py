@@ -5,6 +5,7 @@ on a shared machine hits all modes alike):
 
 - ``plain``: our target alone (the reference every speedup is relative to);
 - ``dflash-n<k>``: our engine with the DFlash drafter and a fixed n_max = k;
+- ``dflash[<file>]-n<k>``: the same with each ``--also-draft`` drafter (e.g. reduced vocabulary);
 - ``dflash-auto``: our engine choosing n_max itself (``pydflash.autotune``; 0 = speculation off);
 - ``upstream-plain``: the shipped llama-server on the same target;
 - ``upstream-dflash-n<k>``: the shipped llama-server, ``--spec-type draft-dflash`` with the same
@@ -123,18 +124,28 @@ def run_bench(args: argparse.Namespace, log: Callable[[str], None] = print) -> d
             failed[name] = _first_lines(str(exc))
             log(f"[bench] {name}: failed to start: {failed[name]}")
 
-    def ours(name: str, n_max: int | None) -> Mode:
+    def ours(name: str, n_max: int | None, eng: Engine = engine) -> Mode:
         def run(prompt: prompts.Prompt, text: str) -> Sample:
             if name == "plain":
-                return _ours(name, prompt, engine.target.generate(text, max_tokens=args.max_tokens, **sampling), 0)
-            result = engine.generate(text, n_max=n_max, max_tokens=args.max_tokens, **sampling)
-            return _ours(name, prompt, result, engine.last_n_max)
+                return _ours(name, prompt, eng.target.generate(text, max_tokens=args.max_tokens, **sampling), 0)
+            result = eng.generate(text, n_max=n_max, max_tokens=args.max_tokens, **sampling)
+            return _ours(name, prompt, result, eng.last_n_max)
 
         return Mode(name, run)
 
     add("plain", lambda: ours("plain", 0))
     for k in n_max_list:
         add(f"dflash-n{k}", lambda k=k: ours(f"dflash-n{k}", k))
+    extra_engines: list[Engine] = []
+    for path in getattr(args, "also_draft", None) or []:  # other drafters (e.g. a reduced-vocabulary one)
+        try:
+            extra_engines.append(Engine(target_path, path, n_ctx=args.ctx_size, n_threads=args.threads, n_max=None))
+        except Exception as exc:
+            failed[f"dflash[{Path(path).stem}]"] = _first_lines(str(exc))
+            continue
+        for k in n_max_list:
+            name = f"dflash[{Path(path).stem}]-n{k}"
+            add(name, lambda k=k, name=name, eng=extra_engines[-1]: ours(name, k, eng))
     if drafter_path is not None and args.auto:
         if engine.autotuner is not None:
             log(f"[bench] costs on this machine: {_costs_line(engine.autotuner.costs)}")
@@ -152,7 +163,7 @@ def run_bench(args: argparse.Namespace, log: Callable[[str], None] = print) -> d
             name = f"upstream-simple-n{k}"
             add(name, lambda k=k, name=name: _server_mode(
                 name, [*common, "-md", str(simple_path), "--spec-type", "draft-simple", "--spec-draft-n-max", str(k),
-                       "--spec-draft-n-min", "0", "-td", str(args.threads), "-cd", str(args.ctx_size)],
+                       "--spec-draft-n-min", "0", "-td", str(args.threads)],
                 upstream_sampling, args.max_tokens))
 
     samples: list[Sample] = []
@@ -185,7 +196,8 @@ def run_bench(args: argparse.Namespace, log: Callable[[str], None] = print) -> d
     finally:
         for m in modes:
             m.close()
-        engine.close()
+        for eng in [engine, *extra_engines]:
+            eng.close()
     for m in modes:
         if m.error:
             failed[m.name] = m.error
@@ -267,8 +279,10 @@ def _costs_line(costs) -> str:  # type: ignore[no-untyped-def]
 
 
 def _first_lines(text: str, n: int = 3) -> str:
-    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
-    return " | ".join(lines[:n])[:400]
+    """A short reason: the first line, plus the log's first error/assert lines when there are any."""
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    errors = [ln for ln in lines[1:] if any(w in ln for w in ("error", "ERROR", "ASSERT", "failed", "abort"))]
+    return " | ".join((lines[:1] + errors[:n - 1]) if errors else lines[:n])[:400]
 
 
 # -- reports -------------------------------------------------------------------------------------
@@ -316,6 +330,7 @@ def plot(report: dict, path: Path) -> bool:
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        from matplotlib.ticker import MaxNLocator
     except ImportError:
         return False
     summary = report["summary"]
@@ -329,6 +344,7 @@ def plot(report: dict, path: Path) -> bool:
             v = summary[n]["accepted_per_position"]
             ax2.plot(range(1, len(v) + 1), v, marker="o", label=n)
     ax2.set_xlabel("draft position")
+    ax2.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax2.set_ylabel("fraction of verify steps accepting it")
     ax2.set_ylim(0, 1)
     if ax2.lines:
@@ -355,6 +371,8 @@ def write_report(report: dict, out_dir: Path, stem: str = "bench") -> list[Path]
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-m", "--model", required=True, help="target GGUF path or `pydflash models` name")
     p.add_argument("-md", "--model-draft", default=None, help="DFlash drafter GGUF (omit: plain modes only)")
+    p.add_argument("--also-draft", action="append", default=[], metavar="GGUF",
+                   help="another drafter to run at the same n_max values (repeatable), e.g. a reduced-vocabulary one")
     p.add_argument("--draft-simple", default=None,
                    help="small model of the same tokenizer for upstream draft-simple (e.g. qwen2.5-coder-0.5b)")
     p.add_argument("--prompts", default="humaneval", help="humaneval, gsm_symbolic, a .jsonl file, or a comma list")
@@ -383,8 +401,11 @@ def validate(args: argparse.Namespace) -> str | None:
         return "--n-max and --simple-n-max take comma-separated integers"
     if any(k < 1 for k in ks):
         return "--n-max / --simple-n-max values must be >= 1"
-    if args.model_draft and not Path(args.model_draft).is_file():
-        return f"drafter not found: {args.model_draft}"
+    for path in [args.model_draft, *args.also_draft]:
+        if path and not Path(path).is_file():
+            return f"drafter not found: {path}"
+    if args.also_draft and not args.model_draft:
+        return "--also-draft needs -md"
     if args.temp < 0:
         return "--temp must be >= 0"
     return None

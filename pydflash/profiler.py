@@ -113,6 +113,7 @@ def plot(report: dict, path: Path) -> bool:
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        from matplotlib.ticker import MaxNLocator
     except ImportError:
         return False
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
@@ -120,6 +121,7 @@ def plot(report: dict, path: Path) -> bool:
         v = g["accepted_per_position"]
         ax1.plot(range(1, len(v) + 1), v, marker="o", label=c)
     ax1.set_xlabel("draft position")
+    ax1.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax1.set_ylabel("fraction of verify steps accepting it")
     ax1.set_ylim(0, 1)
     ax1.legend(fontsize=8)
