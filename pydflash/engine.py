@@ -108,6 +108,18 @@ class Engine:
         self.last_n_max = 0 if self.drafter is None else self.n_max if n_max is None else n_max
         return n_max
 
+    def _call_spec(self, n_max: int | None, n_min: int | None, p_min: float | None) -> tuple[int | None, int | None, bool]:
+        """Validate a call's n_max / n_min / p_min, then let the autotuner pick n_max if the caller
+        did not: (n_max, n_min, picked by the autotuner)."""
+        if self.drafter is not None:
+            self._check_spec(self.n_max if n_max is None else n_max, self.n_min if n_min is None else n_min)
+            self._p_min(p_min)
+        auto = n_max is None and self.autotuner is not None
+        n_max = self._pick_n_max(n_max)
+        if auto:  # a caller's n_min cannot exceed what the tuner picked
+            n_min = min(self.n_min if n_min is None else n_min, n_max)
+        return n_max, n_min, auto
+
     def _observe(self, n_max: int | None, auto: bool) -> Callable[[Result], None]:
         def observe(result: Result) -> None:
             if auto and self._tuner is not None and n_max:
@@ -142,10 +154,7 @@ class Engine:
         """Generate from text or token ids; options as ``Target.generate``; n_max / n_min / p_min
         override the engine's settings for this call. ``on_piece(text)``, if given, receives the
         text as it is committed (return False to stop)."""
-        auto = n_max is None and self.autotuner is not None
-        n_max = self._pick_n_max(n_max)
-        if auto:  # a caller's n_min cannot exceed what the tuner picked
-            n_min = min(self.n_min if n_min is None else n_min, n_max)
+        n_max, n_min, auto = self._call_spec(n_max, n_min, p_min)
         call, opts = self._generation(prompt, options, n_max, n_min, p_min)
         with self.target._lock:
             result = generation.run(call, opts, on_piece)
@@ -155,10 +164,7 @@ class Engine:
     def stream(self, prompt: str | Sequence[int], *, n_max: int | None = None, n_min: int | None = None,
                p_min: float | None = None, **options) -> Iterator[str]:  # type: ignore[no-untyped-def]
         """Like ``generate`` but yields text pieces as they are committed."""
-        auto = n_max is None and self.autotuner is not None
-        n_max = self._pick_n_max(n_max)
-        if auto:  # a caller's n_min cannot exceed what the tuner picked
-            n_min = min(self.n_min if n_min is None else n_min, n_max)
+        n_max, n_min, auto = self._call_spec(n_max, n_min, p_min)
         call, opts = self._generation(prompt, options, n_max, n_min, p_min)
         return generation.stream(call, opts, self.target._lock, on_result=self._observe(n_max, auto))
 
@@ -182,10 +188,7 @@ class Engine:
             raise errors.InvalidArgumentError(
                 f"{len(prompts)} prompts but the engine was created with n_seq_max={self.target.info.n_seq_max}")
         opts = SamplingOptions.build(**options)
-        auto = n_max is None and self.autotuner is not None
-        n_max = self._pick_n_max(n_max)
-        if auto:  # a caller's n_min cannot exceed what the tuner picked
-            n_min = min(self.n_min if n_min is None else n_min, n_max)
+        n_max, n_min, auto = self._call_spec(n_max, n_min, p_min)
         n_max, n_min = self._check_spec(self.n_max if n_max is None else n_max, self.n_min if n_min is None else n_min)
         use_drafter = self.drafter is not None and not (auto and n_max == 0)
         token_lists = [self.target.tokenize(p) if isinstance(p, str) else list(p) for p in prompts]
