@@ -323,8 +323,9 @@ def markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(report: dict, path: Path) -> bool:
-    """tokens/s per mode and acceptance per position, as a PNG; False without matplotlib."""
+def pyplot():  # type: ignore[no-untyped-def]
+    """(matplotlib.pyplot, MaxNLocator) on the file-only Agg backend, or None without matplotlib
+    (the ``bench`` extra): reports are still written, only the PNG is skipped."""
     try:
         import matplotlib
 
@@ -332,7 +333,15 @@ def plot(report: dict, path: Path) -> bool:
         import matplotlib.pyplot as plt
         from matplotlib.ticker import MaxNLocator
     except ImportError:
+        return None
+    return plt, MaxNLocator
+
+
+def plot(report: dict, path: Path) -> bool:
+    """tokens/s per mode and acceptance per position, as a PNG; False without matplotlib."""
+    if (mpl := pyplot()) is None:
         return False
+    plt, MaxNLocator = mpl
     summary = report["summary"]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
     names = list(summary)

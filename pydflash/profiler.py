@@ -18,7 +18,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from . import autotune, models, prompts
-from .bench import machine_info
+from .bench import machine_info, pyplot
 from .engine import Engine
 
 __all__ = ["profile", "main"]
@@ -108,14 +108,10 @@ def markdown(report: dict) -> str:
 
 
 def plot(report: dict, path: Path) -> bool:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        from matplotlib.ticker import MaxNLocator
-    except ImportError:
+    """Acceptance per position by category and expected speedup by n_max; False without matplotlib."""
+    if (mpl := pyplot()) is None:
         return False
+    plt, MaxNLocator = mpl
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
     for c, g in report["categories"].items():
         v = g["accepted_per_position"]

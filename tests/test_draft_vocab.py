@@ -24,7 +24,7 @@ from pydflash.draft_vocab import TokenCounts, calibrate, choose, coverage, write
 from pydflash.reference import TargetWeights
 
 from test_drafter_native import BLOCK, VOCAB, _build, random_context, reference_block
-from test_speculative_loop import CHI2_CRIT_001, _chi2, _tie_aware_equal
+from test_speculative_loop import CHI2_CRIT_001, _chi2, _tie_aware_equal, exact_second_token_distribution
 
 N_DRAFT = 3000
 
@@ -242,15 +242,7 @@ def test_greedy_speculative_with_reduced_vocab_equals_plain(calibrated, smollm2_
 def test_sampling_with_q_zero_outside_the_draft_vocab_preserves_p(kind, drafters, smollm2, smollm2_path, tmp_path):
     """T > 0: the draft vocabulary leaves out the target's 2nd and 4th most likely tokens, so
     they are only reachable through residual resampling; the output must still follow p."""
-    opts = dict(temperature=1.0, top_k=6, top_p=1.0, min_p=0.0, ignore_eos=True)
-    tokens = smollm2.tokenize("1, 2, 3, 4, 5, 6,")
-    first = smollm2.generate(tokens, max_tokens=1, temperature=0).tokens[0]
-    smollm2.rollback(0)
-    smollm2.decode(tokens + [first])
-    logits = smollm2.logits().astype(np.float64)
-    top = np.argsort(-logits, kind="stable")[:6]
-    w = np.exp(logits[top] - logits[top].max())
-    exact = {int(t): float(x) for t, x in zip(top, w / w.sum())}
+    opts, tokens, first, top, exact = exact_second_token_distribution(smollm2)
     left_out = {int(top[1]), int(top[3])}
     ids = np.array(sorted({int(t) for t in top} - left_out | set(range(0, VOCAB, 7)) - left_out))
     path = write_reduced_drafter(drafters[kind][0], tmp_path / "r.gguf", smollm2_path, ids)

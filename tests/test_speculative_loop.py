@@ -100,19 +100,25 @@ def _chi2(counts: dict[int, int], probs: dict[int, float]) -> tuple[float, int]:
     return stat, cells - 1
 
 
-def test_sampling_distribution_is_preserved(smollm2):
-    """At T > 0 the speculative loop (drafts accepted with min(1, p/q), else residual
-    resampling) must produce the target's own distribution. Exact p is computed here in numpy
-    from the target's logits; plain and speculative samples are both tested against it."""
-    opts = dict(temperature=1.0, top_k=6, top_p=1.0, min_p=0.0, ignore_eos=True)
-    tokens = smollm2.tokenize("1, 2, 3, 4, 5, 6,")
+def exact_second_token_distribution(smollm2, prompt: str = "1, 2, 3, 4, 5, 6,", k: int = 6):
+    """Sampling options (T = 1, top-k k), the prompt's tokens, the greedy first token, the top-k
+    ids of the second position and their exact probabilities (numpy, from the target's logits)."""
+    opts = dict(temperature=1.0, top_k=k, top_p=1.0, min_p=0.0, ignore_eos=True)
+    tokens = smollm2.tokenize(prompt)
     first = smollm2.generate(tokens, max_tokens=1, temperature=0).tokens[0]
     smollm2.rollback(0)
     smollm2.decode(tokens + [first])
     logits = smollm2.logits().astype(np.float64)
-    top = np.argsort(-logits, kind="stable")[:6]
+    top = np.argsort(-logits, kind="stable")[:k]
     w = np.exp(logits[top] - logits[top].max())
-    exact = {int(t): float(x) for t, x in zip(top, w / w.sum())}
+    return opts, tokens, first, top, {int(t): float(x) for t, x in zip(top, w / w.sum())}
+
+
+def test_sampling_distribution_is_preserved(smollm2):
+    """At T > 0 the speculative loop (drafts accepted with min(1, p/q), else residual
+    resampling) must produce the target's own distribution. Exact p is computed here in numpy
+    from the target's logits; plain and speculative samples are both tested against it."""
+    opts, tokens, first, top, exact = exact_second_token_distribution(smollm2)
     likely = int(top[0])
 
     def second_tokens(run) -> dict[int, int]:  # type: ignore[no-untyped-def]
