@@ -113,7 +113,8 @@ def run_bench(args: argparse.Namespace, log: Callable[[str], None] = print) -> d
     common = ["-m", str(target_path), "-t", str(args.threads), "-tb", str(args.threads), "-c", str(args.ctx_size),
               "-np", "1", "--fit", "off", "--no-warmup"]
 
-    engine = Engine(target_path, drafter_path, n_ctx=args.ctx_size, n_threads=args.threads, n_max="auto")
+    engine = Engine(target_path, drafter_path, n_ctx=args.ctx_size, n_threads=args.threads,
+                    n_max="auto" if args.auto else None)  # costs are measured only for the auto mode
     modes: list[Mode] = []
     failed: dict[str, str] = {}
 

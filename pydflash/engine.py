@@ -190,7 +190,7 @@ class Engine:
         opts = SamplingOptions.build(**options)
         n_max, n_min, auto = self._call_spec(n_max, n_min, p_min)
         n_max, n_min = self._check_spec(self.n_max if n_max is None else n_max, self.n_min if n_min is None else n_min)
-        use_drafter = self.drafter is not None and not (auto and n_max == 0)
+        use_drafter = self.drafter is not None and n_max != 0  # n_max 0: plain decoding, drafter skipped
         token_lists = [self.target.tokenize(p) if isinstance(p, str) else list(p) for p in prompts]
         arrays = [self.target._token_array(t, allow_empty=False) for t in token_lists]
         keepalive: list = []
@@ -226,8 +226,8 @@ class Engine:
         return float(p_min)
 
     def _generation(self, prompt, options, n_max, n_min, p_min=None):  # type: ignore[no-untyped-def]
-        if self.drafter is None or (n_max == 0 and self.auto_n_max):
-            return self.target._generation(prompt, options)  # no drafter, or the autotuner switched it off
+        if self.drafter is None or n_max == 0:
+            return self.target._generation(prompt, options)  # no drafter, or no drafts this call (e.g. autotuner: off)
         n_max, n_min = self._check_spec(self.n_max if n_max is None else n_max, self.n_min if n_min is None else n_min)
         opts = SamplingOptions.build(**options)
         tokens = self.target.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
