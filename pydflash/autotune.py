@@ -159,11 +159,6 @@ class AutoTuner:
         if n_max > 0:
             self.acceptance.observe(stats.n_verify_steps, n_max, stats.accepted_per_position)
 
-    def describe(self) -> dict:
-        return {"n_max": self.best(), "speedups": [round(s, 3) for s in self.speedups()],
-                "alphas": [round(a, 3) for a in self.acceptance.alphas()[: self.max_n_max]],
-                "costs": asdict(self.costs)}
-
 
 # -- measuring -----------------------------------------------------------------------------------
 
