@@ -12,7 +12,7 @@ from typing import Callable
 from . import errors
 from ._native import ffi, lib
 
-ABI_VERSION = 2
+ABI_VERSION = 3
 
 if lib.dflash_abi_version() != ABI_VERSION:  # pragma: no cover - a broken install
     raise ImportError(

@@ -42,6 +42,9 @@ def _add_target(p: argparse.ArgumentParser) -> None:
     p.add_argument("-t", "--threads", type=int, default=None, help="CPU threads (default: all cores)")
     p.add_argument("-c", "--ctx-size", type=int, default=4096, help="context size (default 4096)")
     p.add_argument("-ngl", "--n-gpu-layers", type=int, default=0, help="layers on the GPU (GPU builds)")
+    p.add_argument("-devd", "--device-draft", dest="device_draft", default="auto",
+                   help="device of the drafter (`pydflash devices`; default auto: the GPU when -ngl != 0)")
+    p.add_argument("--rpc", default=None, help="comma-separated ggml RPC servers host:port whose devices to add")
     p.add_argument("-md", "--model-draft", "--spec-draft-model", dest="model_draft", default=None,
                    help="DFlash/DFlash2 drafter GGUF (converted for this target); default: the drafter "
                         "shipped for this target, if any")
@@ -60,12 +63,15 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
     import warnings
 
+    from .devices import add_rpc_servers
+
     drafter = None if args.no_draft else (args.model_draft or "auto")
+    add_rpc_servers(args.rpc)
     with warnings.catch_warnings(record=True) as notes:  # "no shipped drafter" becomes a one-line note
         warnings.simplefilter("always")
         engine = Engine(args.model, drafter, n_ctx=args.ctx_size, n_threads=args.threads,
                         n_gpu_layers=args.n_gpu_layers, n_max=args.spec_draft_n_max, n_min=args.spec_draft_n_min,
-                        p_min=args.spec_draft_p_min, verbose=args.verbose)
+                        p_min=args.spec_draft_p_min, drafter_device=args.device_draft, verbose=args.verbose)
     for note in notes:
         print(f"[pydflash] note: {note.message}", file=sys.stderr)
     with engine:
@@ -101,6 +107,16 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_devices(args: argparse.Namespace) -> int:
+    from . import devices
+
+    devices.add_rpc_servers(args.rpc)
+    for d in devices.devices():
+        memory = f"{d.memory_free >> 20} / {d.memory_total >> 20} MiB free" if d.memory_total else "memory unknown"
+        print(f"{d.name:<12} {d.kind:<6} {memory:<24} {d.description}")
+    return 0
+
+
 def cmd_models(args: argparse.Namespace) -> int:
     from . import models
 
@@ -126,6 +142,10 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--no-stream", action="store_true", help="print the text only at the end")
     _add_sampling(gen)
     gen.set_defaults(func=cmd_generate)
+
+    dev = sub.add_parser("devices", help="list the compute devices (CPU, GPUs, RPC servers) of this build")
+    dev.add_argument("--rpc", default=None, help="comma-separated ggml RPC servers host:port to add first")
+    dev.set_defaults(func=cmd_devices)
 
     from . import bench, profiler
 

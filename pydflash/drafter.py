@@ -45,6 +45,7 @@ class DrafterInfo:
     n_ctx: int
     is_dflash2: bool
     n_vocab_draft: int  # draft head rows: n_vocab, or N of a reduced draft vocabulary
+    device: str  # the ggml device it computes on
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,8 @@ class Drafter(NativeObject):
         exact_head: compute the logits with F32 activations (the target's quantized head rows
             dequantized on the fly; slower). Default: ggml's quantized mat-mul, as llama.cpp,
             which rounds the activations to 8 bits (~1e-3 relative error per logit).
+        device: the ggml device to compute on (``pydflash.devices.devices()`` lists them: "CPU",
+            "CUDA0", "Metal", "RPC0", ...). Ops the device cannot run fall back to the CPU.
     Raises:
         MismatchError: the drafter does not belong to the target (hidden size, vocabulary, layers).
     """
@@ -88,6 +91,7 @@ class Drafter(NativeObject):
         n_threads: int | None = None,
         seed: int = 0,
         exact_head: bool = False,
+        device: str = "CPU",
     ) -> None:
         super().__init__()
         from . import models
@@ -107,14 +111,19 @@ class Drafter(NativeObject):
         params.n_threads = n_threads or 0
         params.seed = seed & 0xFFFFFFFFFFFFFFFF
         params.exact_head = bool(exact_head)
+        if not isinstance(device, str) or not device:
+            raise errors.InvalidArgumentError(f"device must be a device name such as 'CPU', got {device!r}")
+        device_name = ffi.new("char[]", device.encode())  # kept alive through the load call
+        params.device = device_name
         out = ffi.new("dflash_drafter **")
         check(lib.dflash_drafter_load(self.path.encode(), self.target_path.encode(), params, out))
         self._handle = out[0]
         info = ffi.new("dflash_drafter_info *")
         check(lib.dflash_drafter_get_info(self._handle, info))
         self.info = DrafterInfo(
-            **{f: getattr(info, f) for f in DrafterInfo.__dataclass_fields__ if f != "is_dflash2"},
+            **{f: getattr(info, f) for f in DrafterInfo.__dataclass_fields__ if f not in ("is_dflash2", "device")},
             is_dflash2=bool(info.is_dflash2),
+            device=ffi.string(info.device).decode(),
         )
         layers, n = ffi.new("int32_t **"), ffi.new("int32_t *")
         check(lib.dflash_drafter_target_layers(self._handle, layers, n))

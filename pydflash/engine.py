@@ -34,6 +34,9 @@ class Engine:
         n_min: shorter drafts are not verified (--spec-draft-n-min).
         p_min: greedy drafts are cut before the first pick the drafter itself gives a probability
             below p_min (--spec-draft-p-min; 0 = off).
+        drafter_device: the ggml device the drafter computes on (``pydflash.devices``). ``"auto"``
+            (the default) follows the target: the first GPU when ``n_gpu_layers != 0``, else the
+            CPU. None or ``"cpu"``: the CPU. Or a name such as ``"CUDA0"``.
 
     Example:
         >>> with Engine("smollm2-135m", "drafter.gguf") as engine:
@@ -54,6 +57,7 @@ class Engine:
         p_min: float = 0.0,
         n_seq_max: int = 1,
         exact_head: bool = False,
+        drafter_device: str | None = "auto",
         verbose: bool = False,
     ) -> None:
         self.target = Target(target, n_ctx=n_ctx, n_threads=n_threads, n_gpu_layers=n_gpu_layers,
@@ -63,7 +67,10 @@ class Engine:
             from . import drafters
 
             drafter = drafters.resolve_auto(self.target)
-        self._drafter_args = (drafter, dict(n_ctx=self.target.info.n_ctx, n_threads=n_threads, exact_head=exact_head))
+        from .devices import resolve_drafter_device
+
+        self._drafter_args = (drafter, dict(n_ctx=self.target.info.n_ctx, n_threads=n_threads, exact_head=exact_head,
+                                            device=resolve_drafter_device(drafter_device, n_gpu_layers)))
         self._seq_drafters: list[Drafter] = []  # drafters of sequences 1.. in generate_batch
         self.auto_n_max = n_max == "auto"
         self.last_n_max = 0  # n_max of the latest generation (the autotuner's pick under "auto")

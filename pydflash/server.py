@@ -121,6 +121,8 @@ class ServerConfig:
     n_slots: int
     n_threads: int | None
     n_gpu_layers: int
+    device_draft: str
+    rpc: str | None
     n_max: int | None
     n_min: int
     p_min: float
@@ -160,6 +162,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-ngl", "--gpu-layers", "--n-gpu-layers", dest="n_gpu_layers", default=0,
                    type=lambda v: -1 if v in ("all", "auto") else int(v),
                    help="layers offloaded to the GPU in GPU builds (-1 or all: every layer)")
+    p.add_argument("-devd", "--device-draft", dest="device_draft", default="auto",
+                   help="device of the drafter (`pydflash devices`; default auto: the GPU when -ngl != 0)")
+    p.add_argument("--rpc", default=None, help="comma-separated ggml RPC servers host:port whose devices to add")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8080, help="port to listen on (default 8080)")
     p.add_argument("--api-key", default=os.environ.get("LLAMA_API_KEY"),
@@ -203,6 +208,7 @@ def _config_from_args(args: argparse.Namespace) -> ServerConfig:
     return ServerConfig(
         model=args.model, drafter=args.model_draft if use_draft else None, n_ctx_total=args.ctx_size,
         n_slots=args.parallel, n_threads=args.threads, n_gpu_layers=args.n_gpu_layers,
+        device_draft=args.device_draft, rpc=args.rpc,
         n_max=args.spec_draft_n_max, n_min=args.spec_draft_n_min, p_min=args.spec_draft_p_min,
         host=args.host, port=args.port, api_keys=keys, metrics=args.metrics, slots=args.slots,
         aliases=aliases, warmup=args.warmup, batch_window_ms=args.batch_window_ms, verbose=args.verbose,
@@ -611,8 +617,12 @@ class ServerState:
         c = self.config
         n_ctx_total = c.n_ctx_total or _n_ctx_train(c.model)
         n_ctx = max(n_ctx_total // c.n_slots, 16)
+        from .devices import add_rpc_servers
+
+        add_rpc_servers(c.rpc)
         engine = Engine(c.model, c.drafter, n_ctx=n_ctx, n_threads=c.n_threads, n_gpu_layers=c.n_gpu_layers,
-                        n_max=c.n_max, n_min=c.n_min, p_min=c.p_min, n_seq_max=c.n_slots, verbose=c.verbose)
+                        n_max=c.n_max, n_min=c.n_min, p_min=c.p_min, n_seq_max=c.n_slots,
+                        drafter_device=c.device_draft, verbose=c.verbose)
         try:
             self.n_ctx_slot = engine.target.info.n_ctx
             n_batch = min(512, self.n_ctx_slot)  # Engine's targets use n_batch 512 (capped at n_ctx)

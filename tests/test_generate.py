@@ -108,3 +108,14 @@ def test_tokenize_roundtrip(smollm2):
     text = "Hello, wörld! 🚀 def f(x): return x**2"
     toks = smollm2.tokenize(text, add_special=False)
     assert smollm2.detokenize(toks) == text
+
+
+def test_cli_verbose_shows_the_llama_log(smollm2_path):
+    """-v lets libllama log (it was silenced again by the drafter/target loads before)."""
+    args = [sys.executable, "-m", "pydflash.cli", "generate", "-m", str(smollm2_path), "-p", "Hi", "-n", "2",
+            "--temp", "0", "-t", "1"]
+    quiet = subprocess.run(args, capture_output=True, text=True, timeout=300)
+    loud = subprocess.run(args + ["-v"], capture_output=True, text=True, timeout=300)
+    assert quiet.returncode == 0 and loud.returncode == 0, loud.stderr[-2000:]
+    assert "load_tensors" not in quiet.stderr
+    assert "load_tensors" in loud.stderr and "[pydflash]" in loud.stderr

@@ -68,6 +68,37 @@ const char * dflash_llama_commit(void);
 void dflash_set_verbose(bool verbose);
 
 /* ---------------------------------------------------------------------------------------------
+ * Compute devices: what this build of ggml can run on (CPU always; CUDA / Metal / Vulkan devices
+ * when built with them; RPC devices once a server is added). A target offloads layers to them
+ * with n_gpu_layers, a drafter picks one by name (dflash_drafter_params.device).
+ * ------------------------------------------------------------------------------------------- */
+
+typedef enum dflash_device_type {
+    DFLASH_DEVICE_CPU   = 0,
+    DFLASH_DEVICE_GPU   = 1,  /* dedicated memory (CUDA, Vulkan, RPC, ...) */
+    DFLASH_DEVICE_IGPU  = 2,  /* memory shared with the host (Metal, integrated GPUs) */
+    DFLASH_DEVICE_ACCEL = 3   /* an accelerator that works next to the CPU (BLAS, AMX) */
+} dflash_device_type;
+
+typedef struct dflash_device_info {
+    const char *       name;          /* as dflash_drafter_params.device takes it (borrowed) */
+    const char *       description;   /* borrowed */
+    dflash_device_type type;
+    uint64_t           memory_free;   /* bytes (0 if unknown) */
+    uint64_t           memory_total;  /* bytes (0 if unknown) */
+} dflash_device_info;
+
+int32_t       dflash_device_count(void);
+dflash_status dflash_device_get_info(int32_t index, dflash_device_info * out);
+
+/* Add the devices of a ggml RPC server ("host:port", protocol of the pinned ggml; the shipped
+ * `ggml-rpc-server` tool is one) to the device list; adding one endpoint twice is a no-op.
+ * DFLASH_ERR_UNSUPPORTED in a build without RPC. Beware: ggml's RPC client aborts the process
+ * when the endpoint cannot be reached or does not speak its protocol (the Python layer probes it
+ * in a child process first), and when the server goes away while a device of it is in use. */
+dflash_status dflash_add_rpc_server(const char * endpoint);
+
+/* ---------------------------------------------------------------------------------------------
  * Target model
  * ------------------------------------------------------------------------------------------- */
 
@@ -295,6 +326,9 @@ typedef struct dflash_drafter_params {
     bool     exact_head;    /* logits with F32 activations, the target's head rows dequantized on
                              * the fly (CPU; slower). false: ggml's quantized mat-mul as llama.cpp
                              * does, which rounds the activations to 8 bits for a quantized head */
+    const char * device;    /* ggml device the drafter computes on, by name as dflash_device_get_info
+                             * lists it ("CPU", "CUDA0", "Metal", "RPC0", ...); NULL or "" = CPU.
+                             * Ops the device cannot run fall back to the CPU. */
 } dflash_drafter_params;
 
 typedef struct dflash_drafter_info {
@@ -317,6 +351,7 @@ typedef struct dflash_drafter_info {
     bool    is_dflash2;
     int32_t n_vocab_draft;      /* rows of the draft head: n_vocab, or N for a reduced draft
                                  * vocabulary (a `d2t` map + own output.weight in the GGUF) */
+    const char * device;        /* the device it computes on (borrowed, valid as long as the drafter) */
 } dflash_drafter_info;
 
 dflash_drafter_params dflash_drafter_default_params(void);

@@ -2,6 +2,7 @@
 // of its own lives here.
 #include "dflash.h"
 
+#include "devices.h"
 #include "drafter.h"
 #include "error.h"
 #include "dflash_draft_source.h"
@@ -76,11 +77,27 @@ extern "C" {
 
 const char * dflash_last_error(void) { return dflash::last_error_cstr(); }
 
-int32_t dflash_abi_version(void) { return 2; }
+int32_t dflash_abi_version(void) { return 3; }
+
+int32_t dflash_device_count(void) { return dflash::device_count(); }
+
+dflash_status dflash_device_get_info(int32_t index, dflash_device_info * out) {
+    return guarded([&] {
+        require(out != nullptr, "out is NULL");
+        *out = dflash::device_info(index);
+    });
+}
+
+dflash_status dflash_add_rpc_server(const char * endpoint) {
+    return guarded([&] {
+        require(endpoint != nullptr, "endpoint is NULL");
+        dflash::add_rpc_server(endpoint);
+    });
+}
 
 const char * dflash_llama_commit(void) { return PYDFLASH_LLAMA_COMMIT; }
 
-void dflash_set_verbose(bool verbose) { dflash::install_llama_log(verbose); }
+void dflash_set_verbose(bool verbose) { dflash::set_llama_log_verbose(verbose); }
 
 dflash_target_params dflash_target_default_params(void) {
     dflash_target_params p{};
@@ -97,7 +114,7 @@ dflash_status dflash_target_load(const char * path, const dflash_target_params *
     return guarded([&] {
         require(out != nullptr, "out is NULL");
         *out = nullptr;
-        dflash::install_llama_log(false);
+        dflash::install_llama_log();
         const dflash_target_params p = params ? *params : dflash_target_default_params();
         *out = new dflash_target(path, p);
     });
@@ -337,7 +354,7 @@ void dflash_output_free(dflash_output * output) { delete output; }
 dflash_status dflash_model_summarize(const char * path, dflash_model_summary * out) {
     return guarded([&] {
         require(out != nullptr, "out is NULL");
-        dflash::install_llama_log(false);
+        dflash::install_llama_log();
         dflash::summarize_model(path, *out);
     });
 }
@@ -345,7 +362,7 @@ dflash_status dflash_model_summarize(const char * path, dflash_model_summary * o
 dflash_status dflash_quantize(const char * in_path, const char * out_path, const char * type, int32_t n_threads,
                               bool allow_requantize, dflash_progress_callback progress, void * user_data) {
     return guarded([&] {
-        dflash::install_llama_log(false);
+        dflash::install_llama_log();
         dflash::quantize_gguf(in_path, out_path, type, n_threads, allow_requantize, progress, user_data);
     });
 }
@@ -356,6 +373,7 @@ dflash_drafter_params dflash_drafter_default_params(void) {
     p.n_threads = 0;
     p.seed      = 0;
     p.exact_head = false;
+    p.device    = nullptr;
     return p;
 }
 
@@ -364,7 +382,7 @@ dflash_status dflash_drafter_load(const char * path, const char * target_gguf_pa
     return guarded([&] {
         require(out != nullptr, "out is NULL");
         *out = nullptr;
-        dflash::install_llama_log(false);
+        dflash::install_llama_log();
         const dflash_drafter_params p = params ? *params : dflash_drafter_default_params();
         require(p.n_ctx >= 0, "n_ctx must not be negative");
         auto d = std::make_unique<dflash_drafter>();

@@ -47,12 +47,20 @@ dflash_drafter_info Drafter::info() const {
     i.n_ctx           = cache_.n_ctx;
     i.n_ctx_used      = n_context();
     i.is_dflash2      = hp_.is_dflash2();
+    i.device          = device_name_.c_str();
     return i;
 }
 
+void Drafter::alloc_graph(ggml_cgraph * gf, const char * what) {
+    ggml_backend_sched_reset(sched_.get());
+    if (!ggml_backend_sched_alloc_graph(sched_.get(), gf)) {
+        fail(DFLASH_ERR_BACKEND, "cannot allocate the %s graph on %s", what, device_name_.c_str());
+    }
+}
+
 void Drafter::compute(ggml_cgraph * gf) {
-    if (ggml_backend_graph_compute(backend_.get(), gf) != GGML_STATUS_SUCCESS) {
-        fail(DFLASH_ERR_BACKEND, "drafter graph computation failed");
+    if (ggml_backend_sched_graph_compute(sched_.get(), gf) != GGML_STATUS_SUCCESS) {
+        fail(DFLASH_ERR_BACKEND, "drafter graph computation failed on %s", device_name_.c_str());
     }
 }
 
@@ -83,9 +91,7 @@ void Drafter::inject_rows(const int32_t * positions, int32_t n, Fill && fill) {
         const int32_t chunk = std::min(n_batch_, n - done);
         ggml_context_ptr ctx = graph_context(graph_meta_);
         InjectGraph g = build_inject_graph(ctx.get(), hp_, w_, cache_, n_context(), chunk);
-        if (!ggml_gallocr_alloc_graph(galloc_.get(), g.gf)) {
-            fail(DFLASH_ERR_BACKEND, "cannot allocate the injection graph");
-        }
+        alloc_graph(g.gf, "injection");
         rows.resize(size_t(chunk) * hp_.n_feat());
         fill(done, chunk, rows.data());
         std::transform(rows.begin(), rows.end(), rows.begin(), sanitize);
@@ -174,9 +180,7 @@ const BlockOutput & Drafter::forward_block(int32_t anchor, int32_t start_pos, in
 
     ggml_context_ptr ctx = graph_context(graph_meta_);
     BlockGraph g = build_block_graph(ctx.get(), hp_, w_, cache_, n_past, n_block, exact_head_);
-    if (!ggml_gallocr_alloc_graph(galloc_.get(), g.gf)) {
-        fail(DFLASH_ERR_BACKEND, "cannot allocate the block graph");
-    }
+    alloc_graph(g.gf, "block");
     ggml_backend_tensor_set(g.in.tokens, tokens.data(), 0, tokens.size() * sizeof(int32_t));
     ggml_backend_tensor_set(g.in.positions, pos.data(), 0, pos.size() * sizeof(int32_t));
     if (g.in.mask_full) {

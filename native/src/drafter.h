@@ -1,9 +1,14 @@
 // The native DFlash v1 / DFlash2 drafter (spec §1-§4): a `dflash` GGUF on a ggml backend.
 //
-// * Weights: the drafter's own tensors are loaded into one backend buffer. The target's
+// * Device: the drafter computes on one ggml device (CPU by default; a GPU, Metal or RPC device
+//   by name) through a ggml_backend_sched that also holds the CPU backend, so an op the device
+//   cannot run, or one whose weights live in host memory, runs on the CPU.
+// * Weights: the drafter's own tensors are loaded into one buffer of that device; the selector
+//   codebooks, which only the host-side lattice walk reads, into host memory. The target's
 //   `token_embd.weight` / `output.weight` (tied: token_embd) are borrowed: the target GGUF is
 //   mapped read-only and those two tensors point into the mapping (no second host copy; any
-//   ggml type get_rows / mul_mat accept).
+//   ggml type get_rows / mul_mat accept). On a device other than the CPU the head is copied to
+//   the device (device memory, not host memory), unless the exact head (a CPU op) is asked for.
 // * Context: `inject` fuses target feature rows (fc -> hidden_norm) and stores every layer's
 //   K = RoPE(k_norm(W_k g), p) and V = W_v g at the row's own position in a KV cache that holds
 //   committed context rows only; `crop` forgets rows.
@@ -135,6 +140,7 @@ public:
 
 private:
     Drafter() = default;
+    void init_backends(const char * device);
     void compute(ggml_cgraph * gf);
     // fill(first_row, n_rows, out) writes rows [first_row, first_row + n_rows) as [n_rows, L*H] F32
     template <typename Fill> void inject_rows(const int32_t * positions, int32_t n, Fill && fill);
@@ -150,15 +156,26 @@ private:
     bool           exact_head_ = false;
     std::mt19937_64 rng_;
 
-    ggml_backend_ptr            backend_;
-    ggml_context_ptr            ctx_weights_;
+    // Allocates a graph's intermediates over the backends; inputs are set after this.
+    void alloc_graph(ggml_cgraph * gf, const char * what);
+    // The backend that holds weights and cache: the device's, or the CPU's when it is the CPU.
+    ggml_backend_t backend_weights() const { return backend_dev_ ? backend_dev_.get() : backend_cpu_.get(); }
+
+    std::string                 device_name_;   // the ggml device the drafter computes on
+    ggml_backend_ptr            backend_cpu_;   // always: inputs, borrowed host weights, CPU-only ops
+    ggml_backend_ptr            backend_dev_;   // null when the device is the CPU
+    ggml_backend_sched_ptr      sched_;
+    ggml_context_ptr            ctx_weights_;   // on the device
     ggml_backend_buffer_ptr     buf_weights_;
+    ggml_context_ptr            ctx_host_;      // selector codebooks: read by the host walk
+    ggml_backend_buffer_ptr     buf_host_;
     std::unique_ptr<MappedFile> target_map_;
-    ggml_context_ptr            ctx_target_;
+    ggml_context_ptr            ctx_target_;    // borrowed target tensors (host mapping)
     ggml_backend_buffer_ptr     buf_target_;
-    ggml_context_ptr            ctx_cache_;
+    ggml_context_ptr            ctx_head_;      // the target's head copied to a non-CPU device
+    ggml_backend_buffer_ptr     buf_head_;
+    ggml_context_ptr            ctx_cache_;     // on the device
     ggml_backend_buffer_ptr     buf_cache_;
-    ggml_gallocr_ptr            galloc_;
     std::vector<uint8_t>        graph_meta_;  // scratch for graph tensor headers
 
     friend struct DrafterLoader;

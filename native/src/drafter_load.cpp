@@ -31,6 +31,8 @@ const char * kArch = "dflash";
 // Far above trained DFlash blocks (16); bounds the per-block graph and cache a file can ask for.
 constexpr int32_t kMaxBlockSize = 1024;
 constexpr int32_t kMaxLayers    = 1024;  // drafters have 1-8
+// Tensors of one drafter graph (nodes + leafs + views), with room: sizes the scheduler's tables.
+constexpr size_t  kSchedGraphSize = 8192;
 
 }  // namespace
 
@@ -152,8 +154,9 @@ struct DrafterLoader {
     }
 
     // Declare tensor `name` with ggml shape `ne` (n_dims entries); nullptr if optional and absent.
+    // host: placed in host memory (tensors only the CPU reads, e.g. the selector codebooks).
     ggml_tensor * tensor(const std::string & name, std::initializer_list<int64_t> ne, bool required = true,
-                         bool force_f32 = false) {
+                         bool force_f32 = false, bool host = false) {
         const ggml_tensor * src = ggml_get_tensor(file.meta.get(), name.c_str());
         if (!src) {
             if (required) {
@@ -177,7 +180,7 @@ struct DrafterLoader {
                  shape_str(src).c_str(), want.c_str());
         }
         const ggml_type type = force_f32 ? GGML_TYPE_F32 : src->type;
-        ggml_tensor * dst = ggml_new_tensor(d.ctx_weights_.get(), type, int(ne.size()), src->ne);
+        ggml_tensor * dst = ggml_new_tensor((host ? d.ctx_host_ : d.ctx_weights_).get(), type, int(ne.size()), src->ne);
         ggml_set_name(dst, name.c_str());
         planned.push_back({dst, src, gguf_find_tensor(file.gguf.get(), name.c_str())});
         used.insert(name);
@@ -190,6 +193,7 @@ struct DrafterLoader {
         const size_t n_tensors = gguf_get_n_tensors(file.gguf.get());
         ggml_init_params ip = {ggml_tensor_overhead() * (n_tensors + 8), nullptr, /*no_alloc*/ true};
         d.ctx_weights_.reset(ggml_init(ip));
+        d.ctx_host_.reset(ggml_init(ip));
 
         DrafterWeights & w = d.w_;
         // F32 whatever the file holds: raw target features carry massive activations that an 8-bit
@@ -223,8 +227,8 @@ struct DrafterLoader {
         if (hp.is_dflash2()) {
             const int64_t r = hp.selector_rank;
             w.selector_hidden      = tensor("selector_hidden.weight", {H, r});
-            w.selector_predecessor = tensor("selector_predecessor.weight", {r, -1});
-            w.selector_successor   = tensor("selector_successor.weight", {r, -1});
+            w.selector_predecessor = tensor("selector_predecessor.weight", {r, -1}, true, false, /*host*/ true);
+            w.selector_successor   = tensor("selector_successor.weight", {r, -1}, true, false, /*host*/ true);
         } else if (ggml_get_tensor(file.meta.get(), "selector_hidden.weight")) {
             fail(DFLASH_ERR_FORMAT, "'%s' has selector tensors but no %s.selector_top_k", path, kArch);
         }
@@ -297,9 +301,17 @@ struct DrafterLoader {
 
     // Upload every declared tensor from the file (converting to F32 where forced).
     void upload() {
-        d.buf_weights_.reset(ggml_backend_alloc_ctx_tensors(d.ctx_weights_.get(), d.backend_.get()));
+        d.buf_weights_.reset(ggml_backend_alloc_ctx_tensors(d.ctx_weights_.get(), d.backend_weights()));
         if (!d.buf_weights_) {
-            fail(DFLASH_ERR_BACKEND, "cannot allocate the drafter weights");
+            fail(DFLASH_ERR_BACKEND, "cannot allocate the drafter weights on %s", d.device_name_.c_str());
+        }
+        ggml_backend_buffer_set_usage(d.buf_weights_.get(), GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
+        if (ggml_get_first_tensor(d.ctx_host_.get())) {
+            d.buf_host_.reset(ggml_backend_alloc_ctx_tensors(d.ctx_host_.get(), d.backend_cpu_.get()));
+            if (!d.buf_host_) {
+                fail(DFLASH_ERR_BACKEND, "cannot allocate the drafter's host tensors");
+            }
+            ggml_backend_buffer_set_usage(d.buf_host_.get(), GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
         }
         FILE * f = fopen(path, "rb");
         if (!f) {
@@ -344,6 +356,43 @@ struct TargetFacts {
 
 }  // namespace
 
+// The compute device by ggml name ("CPU", "CUDA0", "Metal", "RPC0", ...; NULL or "" = CPU), plus
+// the CPU backend every sched needs last, for inputs and for what the device cannot run.
+void Drafter::init_backends(const char * device) {
+    const std::string want = device && *device ? device : "CPU";
+    ggml_backend_dev_t dev = ggml_backend_dev_by_name(want.c_str());
+    if (!dev) {
+        std::string names;
+        for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
+            names += std::string(i ? ", " : "") + ggml_backend_dev_name(ggml_backend_dev_get(i));
+        }
+        fail(DFLASH_ERR_INVALID_ARGUMENT, "no device named '%s' in this build (devices: %s)", want.c_str(),
+             names.c_str());
+    }
+    device_name_ = ggml_backend_dev_name(dev);
+    backend_cpu_.reset(ggml_backend_cpu_init());
+    if (!backend_cpu_) {
+        fail(DFLASH_ERR_BACKEND, "cannot initialise the CPU backend");
+    }
+    ggml_backend_cpu_set_n_threads(backend_cpu_.get(), n_threads_);
+    std::vector<ggml_backend_t> backends;
+    if (ggml_backend_dev_type(dev) != GGML_BACKEND_DEVICE_TYPE_CPU) {
+        backend_dev_.reset(ggml_backend_dev_init(dev, nullptr));
+        if (!backend_dev_) {
+            fail(DFLASH_ERR_BACKEND, "cannot initialise device %s", device_name_.c_str());
+        }
+        backends.push_back(backend_dev_.get());
+    }
+    backends.push_back(backend_cpu_.get());
+    // op_offload off: a mat-mul with host weights (the borrowed embedding) stays on the CPU
+    // instead of uploading the whole weight for every block
+    sched_.reset(ggml_backend_sched_new(backends.data(), nullptr, int(backends.size()), kSchedGraphSize,
+                                        /*parallel*/ false, /*op_offload*/ false));
+    if (!sched_) {
+        fail(DFLASH_ERR_BACKEND, "cannot create the drafter's scheduler on %s", device_name_.c_str());
+    }
+}
+
 std::unique_ptr<Drafter> Drafter::load(const char * path, const char * target_path, const dflash_drafter_params & params) {
     std::unique_ptr<Drafter> d(new Drafter());
     d->n_threads_ = params.n_threads > 0 ? params.n_threads : int32_t(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)));
@@ -351,11 +400,7 @@ std::unique_ptr<Drafter> Drafter::load(const char * path, const char * target_pa
     d->exact_head_ = params.exact_head;
     const int32_t n_ctx = params.n_ctx > 0 ? params.n_ctx : 4096;
 
-    d->backend_.reset(ggml_backend_cpu_init());
-    if (!d->backend_) {
-        fail(DFLASH_ERR_BACKEND, "cannot initialise the CPU backend");
-    }
-    ggml_backend_cpu_set_n_threads(d->backend_.get(), d->n_threads_);
+    d->init_backends(params.device);
 
     DrafterLoader loader(*d, path);
     loader.read_hparams();
@@ -440,8 +485,26 @@ std::unique_ptr<Drafter> Drafter::load(const char * path, const char * target_pa
             }
             return t;
         };
+        ggml_backend_buffer_set_usage(d->buf_target_.get(), GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
         d->w_.tok_embd = borrow(t_embd);
         d->w_.output = t_out == t_embd ? d->w_.tok_embd : borrow(t_out);
+    }
+    // A device drafter multiplies by the head on the device: a head in host memory would pull
+    // the block's hidden states back to the CPU for the biggest mat-mul of the block. The exact
+    // head is a CPU op and keeps reading the mapping; a reduced vocabulary has its own head.
+    if (d->backend_dev_ && !d->exact_head_ && !d->w_.output_draft) {
+        ggml_init_params ip = {ggml_tensor_overhead(), nullptr, true};
+        d->ctx_head_.reset(ggml_init(ip));
+        ggml_tensor * head = ggml_dup_tensor(d->ctx_head_.get(), d->w_.output);
+        ggml_set_name(head, "output.weight (device copy)");
+        d->buf_head_.reset(ggml_backend_alloc_ctx_tensors(d->ctx_head_.get(), d->backend_dev_.get()));
+        if (!d->buf_head_) {
+            fail(DFLASH_ERR_BACKEND, "cannot allocate the target's head (%zu MiB) on %s", ggml_nbytes(head) >> 20,
+                 d->device_name_.c_str());
+        }
+        ggml_backend_buffer_set_usage(d->buf_head_.get(), GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
+        ggml_backend_tensor_set(head, d->w_.output->data, 0, ggml_nbytes(head));
+        d->w_.output = head;
     }
 
     // Context cache: committed rows only.
@@ -455,15 +518,15 @@ std::unique_ptr<Drafter> Drafter::load(const char * path, const char * target_pa
             ggml_format_name(d->cache_.k.back(), "cache_k-%d", il);
             ggml_format_name(d->cache_.v.back(), "cache_v-%d", il);
         }
-        d->buf_cache_.reset(ggml_backend_alloc_ctx_tensors(d->ctx_cache_.get(), d->backend_.get()));
+        d->buf_cache_.reset(ggml_backend_alloc_ctx_tensors(d->ctx_cache_.get(), d->backend_weights()));
         if (!d->buf_cache_) {
-            fail(DFLASH_ERR_BACKEND, "cannot allocate the drafter context cache (%d rows)", n_ctx);
+            fail(DFLASH_ERR_BACKEND, "cannot allocate the drafter context cache (%d rows) on %s", n_ctx,
+                 d->device_name_.c_str());
         }
         ggml_backend_buffer_clear(d->buf_cache_.get(), 0);
         d->cache_.n_ctx = n_ctx;
     }
 
-    d->galloc_.reset(ggml_gallocr_new(ggml_backend_get_default_buffer_type(d->backend_.get())));
     return d;
 }
 

@@ -75,8 +75,12 @@ void set_quantize_progress(dflash_progress_callback callback, void * user_data) 
     g_progress_user = user_data;
 }
 
-void install_llama_log(bool verbose) {
+void set_llama_log_verbose(bool verbose) {
     g_verbose.store(verbose);
+    install_llama_log();
+}
+
+void install_llama_log() {
     static std::once_flag once;
     std::call_once(once, [] { llama_log_set(llama_log, nullptr); });
 }

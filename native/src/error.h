@@ -36,6 +36,9 @@ std::string take_llama_log_errors();
 // Forward libllama's per-tensor quantization log lines ("[ i/ n] name ...") to a progress
 // callback on this thread (nullptr: stop).
 void set_quantize_progress(dflash_progress_callback callback, void * user_data);
-void install_llama_log(bool verbose);
+// Route libllama/ggml logs through our handler (idempotent; keeps the verbosity as it is).
+void install_llama_log();
+// dflash_set_verbose: everything to stderr (true) or only errors (false, the default).
+void set_llama_log_verbose(bool verbose);
 
 }  // namespace dflash

@@ -1,0 +1,97 @@
+"""The compute devices of this build (CPU, CUDA/Metal/Vulkan GPUs, ggml RPC servers).
+
+A target offloads layers with ``n_gpu_layers``; a drafter computes on one device, by name::
+
+    >>> [d.name for d in pydflash.devices.devices()]
+    ['CPU']
+    >>> pydflash.devices.add_rpc_server("10.0.0.2:50052")   # another machine's GPU, via ggml RPC
+    [Device(name='RPC0', ...)]
+
+``Engine(drafter_device="auto")`` puts the drafter where the target runs: on the first GPU when
+the target offloads layers (``n_gpu_layers != 0``), on the CPU otherwise.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from dataclasses import dataclass
+
+from . import errors
+from ._bindings import check, ffi, lib
+
+_KINDS = {lib.DFLASH_DEVICE_CPU: "cpu", lib.DFLASH_DEVICE_GPU: "gpu", lib.DFLASH_DEVICE_IGPU: "igpu",
+          lib.DFLASH_DEVICE_ACCEL: "accel"}
+
+
+@dataclass(frozen=True)
+class Device:
+    """One ggml device: ``name`` is what ``Drafter(device=...)`` takes."""
+
+    name: str
+    description: str
+    kind: str  # "cpu", "gpu" (own memory; RPC devices too), "igpu" (shared memory, Metal), "accel"
+    memory_free: int  # bytes, 0 if unknown
+    memory_total: int
+
+
+def devices() -> list[Device]:
+    """Every device ggml can run on in this process, in its registry order (CPU last on GPU builds)."""
+    out = []
+    info = ffi.new("dflash_device_info *")
+    for i in range(lib.dflash_device_count()):
+        check(lib.dflash_device_get_info(i, info))
+        out.append(Device(ffi.string(info.name).decode(), ffi.string(info.description).decode(),
+                          _KINDS.get(info.type, "accel"), int(info.memory_free), int(info.memory_total)))
+    return out
+
+
+def add_rpc_server(endpoint: str, *, timeout: float = 60.0) -> list[Device]:
+    """Add the devices of a ggml RPC server (``host:port``, e.g. the shipped ``ggml-rpc-server``).
+
+    ggml's RPC client aborts the whole process when it cannot reach the endpoint or the handshake
+    fails, so the endpoint is first tried from a child process; only a server that answered there
+    is added here. Returns the devices it added (none when the endpoint was added before).
+
+    Raises:
+        InvalidArgumentError: ``endpoint`` is not ``host:port``.
+        BackendError: nothing answering the RPC protocol at ``endpoint`` (within ``timeout`` s).
+        UnsupportedError: this build has no RPC backend.
+    """
+    if not isinstance(endpoint, str) or endpoint.rpartition(":")[0] == "" or not endpoint.rpartition(":")[2].isdigit():
+        raise errors.InvalidArgumentError(f"RPC endpoint must be 'host:port', got {endpoint!r}")
+    before = {d.name for d in devices()}
+    probe = ("import sys; from pydflash._native import lib; "
+             "sys.exit(lib.dflash_add_rpc_server(sys.argv[1].encode()))")
+    try:
+        run = subprocess.run([sys.executable, "-c", probe, endpoint], capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise errors.BackendError(f"RPC server {endpoint} did not answer within {timeout:g} s") from None
+    if run.returncode == lib.DFLASH_ERR_UNSUPPORTED:
+        raise errors.UnsupportedError("this build has no RPC backend (rebuild with -DPYDFLASH_RPC=ON)")
+    if run.returncode != 0:
+        lines = [line for line in (run.stderr or "").splitlines() if line.strip()]
+        why = lines[-1] if lines else f"exit status {run.returncode}"
+        raise errors.BackendError(f"no ggml RPC server answers at {endpoint}: {why}")
+    check(lib.dflash_add_rpc_server(endpoint.encode()))
+    return [d for d in devices() if d.name not in before]
+
+
+def add_rpc_servers(spec: str | None) -> None:
+    """``--rpc a:1,b:2`` (as llama.cpp's): add each server's devices."""
+    for endpoint in filter(None, (e.strip() for e in (spec or "").split(","))):
+        add_rpc_server(endpoint)
+
+
+def resolve_drafter_device(device: str | None, n_gpu_layers: int) -> str:
+    """The device name for ``drafter_device``: ``"auto"`` follows the target (first GPU when it
+    offloads layers, else the CPU); ``None`` / ``"cpu"`` is the CPU; anything else is a name."""
+    if device is None or device.lower() == "cpu":
+        return "CPU"
+    if device != "auto":
+        return device
+    if n_gpu_layers != 0:
+        for d in devices():
+            if d.kind in ("gpu", "igpu"):
+                return d.name
+    return "CPU"
