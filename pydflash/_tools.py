@@ -1,7 +1,8 @@
 """Console-script launchers for the pinned upstream tools shipped inside the wheel.
 
-``pydflash-llama-server`` and ``pydflash-llama-quantize`` exec the binaries built from the same
-llama.cpp commit as the native core, so upstream behaviour can be compared in the same install.
+``pydflash-llama-server``, ``pydflash-llama-quantize`` and ``pydflash-rpc-server`` exec the
+binaries built from the same llama.cpp commit as the native core, so upstream behaviour can be
+compared in the same install (and an RPC server speaks exactly this build's protocol).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import pydflash
 
 
 def tool_path(name: str) -> Path:
-    """Path of a shipped upstream tool (``llama-server`` or ``llama-quantize``).
+    """Path of a shipped upstream tool (``llama-server``, ``llama-quantize``, ``ggml-rpc-server``).
 
     The binaries live in ``pydflash/bin`` of the installed package; an editable install splits
     the package over several directories, so every entry of ``pydflash.__path__`` is searched.
@@ -43,3 +44,7 @@ def llama_server() -> None:
 
 def llama_quantize() -> None:
     _exec("llama-quantize")
+
+
+def rpc_server() -> None:
+    _exec("ggml-rpc-server")

@@ -68,6 +68,15 @@ def test_unknown_device_is_a_clear_error(dflash2, smollm2_path):
         assert d.info.device == "CPU"
 
 
+def test_generate_cli_with_an_unknown_draft_device(dflash2, smollm2_path, capsys):
+    argv = ["generate", "-m", str(smollm2_path), "-md", str(dflash2[0]), "-p", "x", "-n", "1", "-t", "1",
+            "-devd", "CUDA7"]
+    assert cli_main(argv) == 1
+    assert "no device named 'CUDA7'" in capsys.readouterr().err
+    assert cli_main(argv[:-2] + ["--rpc", "nowhere"]) == 1
+    assert "host:port" in capsys.readouterr().err
+
+
 def test_devices_cli_lists_the_cpu(capsys):
     assert cli_main(["devices"]) == 0
     assert any(line.split()[:2] == ["CPU", "cpu"] for line in capsys.readouterr().out.splitlines())
