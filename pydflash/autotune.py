@@ -248,10 +248,12 @@ def _file_key(path: str | os.PathLike | None) -> str:
 
 
 def cached_costs(target, drafter, target_path, drafter_path, *, n_threads: int, refresh: bool = False) -> CostModel:  # type: ignore[no-untyped-def]
-    """``measure_costs`` once per (files, threads, context size, machine); later calls read the
-    cache under ``<cache>/autotune/``. ``PYDFLASH_AUTOTUNE_CACHE=0`` disables the cache."""
+    """``measure_costs`` once per (files, threads, context size, devices, machine); later calls
+    read the cache under ``<cache>/autotune/``. ``PYDFLASH_AUTOTUNE_CACHE=0`` disables the cache."""
     key_src = "|".join([str(_CACHE_VERSION), _file_key(target_path), _file_key(drafter_path), str(n_threads),
-                        str(target.info.n_ctx), platform.machine(), platform.node(), str(os.cpu_count())])
+                        str(target.info.n_ctx), f"ngl={target.n_gpu_layers}",
+                        f"draft-device={drafter.info.device}",
+                        platform.machine(), platform.node(), str(os.cpu_count())])
     key = hashlib.sha256(key_src.encode()).hexdigest()[:24]
     use_cache = os.environ.get("PYDFLASH_AUTOTUNE_CACHE", "1") != "0"
     path = models.cache_dir() / "autotune" / f"{key}.json"

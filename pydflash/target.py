@@ -92,6 +92,7 @@ class Target(NativeObject):
         params.n_batch = n_batch
         params.n_threads = n_threads or 0
         params.n_gpu_layers = n_gpu_layers
+        self.n_gpu_layers = n_gpu_layers  # as asked (where the target runs: part of the autotuner's cache key)
         params.n_seq_max = n_seq_max
         params.tap_source = _TAP_SOURCES[tap_source]
         out = ffi.new("dflash_target **")
