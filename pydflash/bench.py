@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from . import __version__, models, prompts
+from . import __version__, devices, models, prompts
 from ._upstream import UpstreamServer, peak_rss_mib
 from .engine import Engine
 
@@ -111,10 +111,15 @@ def run_bench(args: argparse.Namespace, log: Callable[[str], None] = print) -> d
     upstream_sampling = {"temperature": args.temp, "seed": args.seed, "ignore_eos": args.ignore_eos,
                          "top_k": 0 if args.temp > 0 else 40, "top_p": 1.0, "min_p": 0.0}
     common = ["-m", str(target_path), "-t", str(args.threads), "-tb", str(args.threads), "-c", str(args.ctx_size),
-              "-np", "1", "--fit", "off", "--no-warmup"]
+              "-np", "1", "--fit", "off", "--no-warmup", "-ngl", str(args.n_gpu_layers)]
+    if args.rpc:
+        common += ["--rpc", args.rpc]
+    spec_common = ["-ngld", str(args.n_gpu_layers), "-td", str(args.threads)]  # upstream drafters sit with the target
+    devices.add_rpc_servers(args.rpc)
+    placement = dict(n_gpu_layers=args.n_gpu_layers, drafter_device=args.device_draft)
 
     engine = Engine(target_path, drafter_path, n_ctx=args.ctx_size, n_threads=args.threads,
-                    n_max="auto" if args.auto else None)  # costs are measured only for the auto mode
+                    n_max="auto" if args.auto else None, **placement)  # costs are measured only for the auto mode
     modes: list[Mode] = []
     failed: dict[str, str] = {}
 
@@ -140,7 +145,8 @@ def run_bench(args: argparse.Namespace, log: Callable[[str], None] = print) -> d
     extra_engines: list[Engine] = []
     for path in getattr(args, "also_draft", None) or []:  # other drafters (e.g. a reduced-vocabulary one)
         try:
-            extra_engines.append(Engine(target_path, path, n_ctx=args.ctx_size, n_threads=args.threads, n_max=None))
+            extra_engines.append(Engine(target_path, path, n_ctx=args.ctx_size, n_threads=args.threads, n_max=None,
+                                        **placement))
         except Exception as exc:
             failed[f"dflash[{Path(path).stem}]"] = _first_lines(str(exc))
             continue
@@ -157,14 +163,14 @@ def run_bench(args: argparse.Namespace, log: Callable[[str], None] = print) -> d
             name = f"upstream-dflash-n{k}"
             add(name, lambda k=k, name=name: _server_mode(
                 name, [*common, "-md", str(drafter_path), "--spec-type", "draft-dflash", "--spec-draft-n-max", str(k),
-                       "--spec-draft-n-min", "0", "-td", str(args.threads)], upstream_sampling, args.max_tokens))
+                       "--spec-draft-n-min", "0", *spec_common], upstream_sampling, args.max_tokens))
     if args.draft_simple:
         simple_path = models.resolve(args.draft_simple)
         for k in [int(x) for x in args.simple_n_max.split(",") if x.strip()]:
             name = f"upstream-simple-n{k}"
             add(name, lambda k=k, name=name: _server_mode(
                 name, [*common, "-md", str(simple_path), "--spec-type", "draft-simple", "--spec-draft-n-max", str(k),
-                       "--spec-draft-n-min", "0", "-td", str(args.threads)],
+                       "--spec-draft-n-min", "0", *spec_common],
                 upstream_sampling, args.max_tokens))
 
     samples: list[Sample] = []
@@ -395,6 +401,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-upstream", dest="upstream", action="store_false", help="skip the llama-server modes")
     p.add_argument("-t", "--threads", type=int, default=min(os.cpu_count() or 1, 4))
     p.add_argument("-c", "--ctx-size", type=int, default=2048)
+    devices.add_arguments(p)
     p.add_argument("--temp", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--ignore-eos", action="store_true", help="always generate max_tokens")

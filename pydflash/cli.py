@@ -11,7 +11,7 @@ import os
 import sys
 from typing import Sequence
 
-from . import errors
+from . import devices, errors
 
 
 def _add_sampling(p: argparse.ArgumentParser) -> None:
@@ -41,10 +41,7 @@ def _add_target(p: argparse.ArgumentParser) -> None:
     p.add_argument("-m", "--model", default="smollm2-135m", help="target GGUF path or a `pydflash models` name")
     p.add_argument("-t", "--threads", type=int, default=None, help="CPU threads (default: all cores)")
     p.add_argument("-c", "--ctx-size", type=int, default=4096, help="context size (default 4096)")
-    p.add_argument("-ngl", "--n-gpu-layers", type=int, default=0, help="layers on the GPU (GPU builds)")
-    p.add_argument("-devd", "--device-draft", dest="device_draft", default="auto",
-                   help="device of the drafter (`pydflash devices`; default auto: the GPU when -ngl != 0)")
-    p.add_argument("--rpc", default=None, help="comma-separated ggml RPC servers host:port whose devices to add")
+    devices.add_arguments(p)
     p.add_argument("-md", "--model-draft", "--spec-draft-model", dest="model_draft", default=None,
                    help="DFlash/DFlash2 drafter GGUF (converted for this target); default: the drafter "
                         "shipped for this target, if any")
@@ -63,10 +60,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
     import warnings
 
-    from .devices import add_rpc_servers
-
     drafter = None if args.no_draft else (args.model_draft or "auto")
-    add_rpc_servers(args.rpc)
+    devices.add_rpc_servers(args.rpc)
     with warnings.catch_warnings(record=True) as notes:  # "no shipped drafter" becomes a one-line note
         warnings.simplefilter("always")
         engine = Engine(args.model, drafter, n_ctx=args.ctx_size, n_threads=args.threads,
@@ -108,8 +103,6 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_devices(args: argparse.Namespace) -> int:
-    from . import devices
-
     devices.add_rpc_servers(args.rpc)
     for d in devices.devices():
         memory = f"{d.memory_free >> 20} / {d.memory_total >> 20} MiB free" if d.memory_total else "memory unknown"

@@ -13,6 +13,7 @@ the target offloads layers (``n_gpu_layers != 0``), on the CPU otherwise.
 
 from __future__ import annotations
 
+import argparse
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -95,3 +96,17 @@ def resolve_drafter_device(device: str | None, n_gpu_layers: int) -> str:
             if d.kind in ("gpu", "igpu"):
                 return d.name
     return "CPU"
+
+
+def n_gpu_layers_arg(value: str) -> int:
+    """``-ngl`` as llama.cpp takes it: a count, or all/auto (= -1, every layer)."""
+    return -1 if value in ("all", "auto") else int(value)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """``-ngl`` / ``-devd`` / ``--rpc``, spelled as llama.cpp's tools spell them."""
+    p.add_argument("-ngl", "--gpu-layers", "--n-gpu-layers", dest="n_gpu_layers", type=n_gpu_layers_arg, default=0,
+                   help="target layers offloaded to the GPU in GPU builds (-1 or all: every layer; default 0)")
+    p.add_argument("-devd", "--device-draft", dest="device_draft", default="auto",
+                   help="device of the drafter (`pydflash devices`; default auto: the GPU when -ngl != 0)")
+    p.add_argument("--rpc", default=None, help="comma-separated ggml RPC servers host:port whose devices to add")

@@ -17,7 +17,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from . import autotune, models, prompts
+from . import autotune, devices, models, prompts
 from .bench import machine_info, pyplot
 from .engine import Engine
 
@@ -46,8 +46,9 @@ def _group(rows: list[dict], n_positions: int) -> dict:
 def profile(args: argparse.Namespace, log=print) -> dict:  # type: ignore[no-untyped-def]
     prompt_list = prompts.load(args.prompts, limit=args.limit, offset=args.offset)
     t0 = time.perf_counter()
+    devices.add_rpc_servers(args.rpc)
     with Engine(models.resolve(args.model), args.model_draft, n_ctx=args.ctx_size, n_threads=args.threads,
-                n_max=None) as engine:
+                n_max=None, n_gpu_layers=args.n_gpu_layers, drafter_device=args.device_draft) as engine:
         assert engine.drafter is not None
         n_pos = engine.drafter.info.block_size - 1
         costs = autotune.cached_costs(engine.target, engine.drafter, engine.target.path, engine.drafter.path,
@@ -145,6 +146,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("-t", "--threads", type=int, default=min(os.cpu_count() or 1, 4))
     p.add_argument("-c", "--ctx-size", type=int, default=4096)
+    devices.add_arguments(p)
     p.add_argument("-o", "--out", default="profile-results", help="directory for profile.json / .md / .png")
 
 

@@ -58,7 +58,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import errors
+from . import devices, errors
 from .cli import n_max_arg
 
 __all__ = ["ServerConfig", "build_parser", "main"]
@@ -159,12 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "context)")
     p.add_argument("-np", "--parallel", type=int, default=1, help="slots: requests served together (default 1)")
     p.add_argument("-t", "--threads", type=int, default=None, help="CPU threads (default: all cores)")
-    p.add_argument("-ngl", "--gpu-layers", "--n-gpu-layers", dest="n_gpu_layers", default=0,
-                   type=lambda v: -1 if v in ("all", "auto") else int(v),
-                   help="layers offloaded to the GPU in GPU builds (-1 or all: every layer)")
-    p.add_argument("-devd", "--device-draft", dest="device_draft", default="auto",
-                   help="device of the drafter (`pydflash devices`; default auto: the GPU when -ngl != 0)")
-    p.add_argument("--rpc", default=None, help="comma-separated ggml RPC servers host:port whose devices to add")
+    devices.add_arguments(p)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8080, help="port to listen on (default 8080)")
     p.add_argument("--api-key", default=os.environ.get("LLAMA_API_KEY"),
@@ -617,9 +612,7 @@ class ServerState:
         c = self.config
         n_ctx_total = c.n_ctx_total or _n_ctx_train(c.model)
         n_ctx = max(n_ctx_total // c.n_slots, 16)
-        from .devices import add_rpc_servers
-
-        add_rpc_servers(c.rpc)
+        devices.add_rpc_servers(c.rpc)
         engine = Engine(c.model, c.drafter, n_ctx=n_ctx, n_threads=c.n_threads, n_gpu_layers=c.n_gpu_layers,
                         n_max=c.n_max, n_min=c.n_min, p_min=c.p_min, n_seq_max=c.n_slots,
                         drafter_device=c.device_draft, verbose=c.verbose)

@@ -68,13 +68,21 @@ def test_unknown_device_is_a_clear_error(dflash2, smollm2_path):
         assert d.info.device == "CPU"
 
 
-def test_generate_cli_with_an_unknown_draft_device(dflash2, smollm2_path, capsys):
+def test_clis_with_an_unknown_draft_device(dflash2, smollm2_path, capsys, tmp_path):
+    """generate, profile and bench take llama.cpp's -ngl / -devd / --rpc and report bad ones."""
     argv = ["generate", "-m", str(smollm2_path), "-md", str(dflash2[0]), "-p", "x", "-n", "1", "-t", "1",
             "-devd", "CUDA7"]
     assert cli_main(argv) == 1
     assert "no device named 'CUDA7'" in capsys.readouterr().err
     assert cli_main(argv[:-2] + ["--rpc", "nowhere"]) == 1
     assert "host:port" in capsys.readouterr().err
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"id": "a", "prompt": "def f():"}\n')
+    common = ["-m", str(smollm2_path), "-md", str(dflash2[0]), "--prompts", str(prompts), "-t", "1", "-n", "2",
+              "-devd", "CUDA7", "-o", str(tmp_path / "out")]
+    for command in (["profile"], ["bench", "--no-upstream", "--no-auto"]):
+        assert cli_main(command + common) == 1
+        assert "no device named 'CUDA7'" in capsys.readouterr().err
 
 
 def test_devices_cli_lists_the_cpu(capsys):
