@@ -1,6 +1,7 @@
 """Compute devices: listing, choosing the drafter's device, and the device code path itself.
 
-CI has no GPU, but it does have ggml's RPC backend: the shipped `ggml-rpc-server` (upstream's
+On a GPU build the tests below also run on each local GPU (`LOCAL_DEVICES`). CI has no GPU,
+but it does have ggml's RPC backend: the shipped `ggml-rpc-server` (upstream's
 tool, CPU backend) serves a device whose buffers live in another process, exactly as a GPU's
 live in device memory. A drafter on that device must load its weights and cache there, keep the
 selector codebooks and the exact head on the host, let the scheduler move activations between
@@ -88,6 +89,48 @@ def test_clis_with_an_unknown_draft_device(dflash2, smollm2_path, capsys, tmp_pa
 def test_devices_cli_lists_the_cpu(capsys):
     assert cli_main(["devices"]) == 0
     assert any(line.split()[:2] == ["CPU", "cpu"] for line in capsys.readouterr().out.splitlines())
+
+
+# --- every device of this build (the CPU here; CUDA/Metal devices too on GPU builds) ----------
+
+# RPC devices never appear here: they are only ever added in child processes (see below).
+LOCAL_DEVICES = [d.name for d in devices.devices() if d.kind in ("cpu", "gpu", "igpu")]
+
+
+@pytest.mark.parametrize("device", LOCAL_DEVICES)
+def test_drafter_on_each_local_device_matches_the_reference(device, dflash2, smollm2_path, smol_target):
+    gguf, ref = dflash2
+    feats = random_context(48, seed=9)
+    for exact_head in (True, False):
+        with Drafter(gguf, smollm2_path, n_ctx=128, n_threads=1, exact_head=exact_head, device=device) as d:
+            assert d.info.device == device
+            for n_ctx, anchor in ((47, 321), (5, 40000)):
+                d.crop(0)
+                d.inject(feats[:n_ctx], np.arange(n_ctx))
+                hidden, logits = d.forward(anchor, n_ctx, BLOCK)
+                proposal = d.propose(anchor, n_ctx, BLOCK, temperature=0.0)
+                ref_hidden, ref_logits = reference_block(ref, feats[:n_ctx], np.arange(n_ctx), anchor, n_ctx,
+                                                         smol_target)
+                assert nmse(hidden, ref_hidden.numpy()) <= 1e-6
+                assert nmse(logits, ref_logits.numpy()) <= (1e-6 if exact_head else 1e-4)
+                if exact_head:
+                    want = ref.propose(ref_hidden, ref_logits, anchor)
+                    np.testing.assert_array_equal(proposal.tokens, want.tokens.numpy())
+
+
+@pytest.mark.parametrize("device", LOCAL_DEVICES)
+def test_speculative_decoding_on_each_local_device_is_lossless(device, smollm2_path, smollm2):
+    """Target and drafter where a user would put them on this device (all layers offloaded to a GPU)."""
+    n_gpu_layers = 0 if device == "CPU" else -1
+    with Engine(smollm2_path, "auto", n_ctx=512, n_threads=1, n_gpu_layers=n_gpu_layers, n_max=3,
+                drafter_device=device) as engine:
+        assert engine.drafter is not None and engine.drafter.info.device == device
+        for prompt in ("def add(a, b):", "The three laws of robotics are"):
+            tokens = smollm2.tokenize(prompt)
+            plain = smollm2.generate(tokens, max_tokens=24, temperature=0, ignore_eos=True).tokens
+            spec = engine.generate(tokens, max_tokens=24, temperature=0, ignore_eos=True)
+            assert spec.stats.n_drafted > 0
+            _tie_aware_equal(smollm2, tokens, plain, spec.tokens)
 
 
 # --- RPC endpoints that are not there must not take the process down -------------------------
