@@ -34,12 +34,16 @@ _STATUS_TO_ERROR: dict[int, type[errors.PydflashError]] = {
 }
 
 
+def error_for(status: int, message: str) -> errors.PydflashError:
+    """The exception matching a dflash_status (also one reported by a child process)."""
+    return _STATUS_TO_ERROR.get(status, errors.InternalError)(message or f"native error {status}")
+
+
 def check(status: int) -> None:
     """Raise the exception matching a dflash_status, with the native error message."""
     if status == lib.DFLASH_OK:
         return
-    message = ffi.string(lib.dflash_last_error()).decode("utf-8", "replace")
-    raise _STATUS_TO_ERROR.get(status, errors.InternalError)(message or f"native error {status}")
+    raise error_for(status, ffi.string(lib.dflash_last_error()).decode("utf-8", "replace"))
 
 
 def read_string(call: Callable[[object, int, object], int], initial: int = 4096) -> str:

@@ -213,10 +213,7 @@ def run_bench(args: argparse.Namespace, log: Callable[[str], None] = print) -> d
         if m.name in summary:
             summary[m.name]["peak_rss_mib"] = round(m.peak_rss() or ours_rss, 1)
     return {
-        "command": "pydflash " + " ".join(getattr(args, "argv", ["bench"])),
-        "config": {k: v for k, v in vars(args).items() if k not in ("func", "argv")},
-        "machine": machine_info(args.threads),
-        "wall_s": round(time.perf_counter() - t0, 1),
+        **report_header(args, "bench", t0),
         "costs": costs,
         "summary": summary,
         "failed": failed,
@@ -264,6 +261,16 @@ def summarize(samples: list[Sample], mode_names: list[str]) -> dict[str, dict]:
             entry["same_tokens_as_plain"] = f"{sum(same)}/{len(same)}"
         out[name] = entry
     return out
+
+
+def report_header(args: argparse.Namespace, command: str, t0: float) -> dict:
+    """What every report (bench, profile) starts with: the command, its config, the machine, the wall time."""
+    return {
+        "command": "pydflash " + " ".join(getattr(args, "argv", [command])),
+        "config": {k: v for k, v in vars(args).items() if k not in ("func", "argv")},
+        "machine": machine_info(args.threads),
+        "wall_s": round(time.perf_counter() - t0, 1),
+    }
 
 
 def machine_info(threads: int) -> dict:

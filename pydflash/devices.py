@@ -19,7 +19,7 @@ import sys
 from dataclasses import dataclass
 
 from . import errors
-from ._bindings import check, ffi, lib
+from ._bindings import check, error_for, ffi, lib
 
 _KINDS = {lib.DFLASH_DEVICE_CPU: "cpu", lib.DFLASH_DEVICE_GPU: "gpu", lib.DFLASH_DEVICE_IGPU: "igpu",
           lib.DFLASH_DEVICE_ACCEL: "accel"}
@@ -59,20 +59,22 @@ def add_rpc_server(endpoint: str, *, timeout: float = 60.0) -> list[Device]:
         BackendError: nothing answering the RPC protocol at ``endpoint`` (within ``timeout`` s).
         UnsupportedError: this build has no RPC backend.
     """
-    if not isinstance(endpoint, str) or endpoint.rpartition(":")[0] == "" or not endpoint.rpartition(":")[2].isdigit():
-        raise errors.InvalidArgumentError(f"RPC endpoint must be 'host:port', got {endpoint!r}")
+    if not isinstance(endpoint, str):
+        raise errors.InvalidArgumentError(f"RPC endpoint must be a 'host:port' string, got {endpoint!r}")
     before = {d.name for d in devices()}
-    probe = ("import sys; from pydflash._native import lib; "
-             "sys.exit(lib.dflash_add_rpc_server(sys.argv[1].encode()))")
+    # the child exits with the native status and prints the native message (the endpoint check
+    # itself lives in the C core); an abort inside ggml's client shows as a signal exit
+    probe = ("import sys; from pydflash._native import ffi, lib; s = lib.dflash_add_rpc_server(sys.argv[1].encode()); "
+             "print(ffi.string(lib.dflash_last_error()).decode(), file=sys.stderr); sys.exit(s)")
     try:
         run = subprocess.run([sys.executable, "-c", probe, endpoint], capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         raise errors.BackendError(f"RPC server {endpoint} did not answer within {timeout:g} s") from None
-    if run.returncode == lib.DFLASH_ERR_UNSUPPORTED:
-        raise errors.UnsupportedError("this build has no RPC backend (rebuild with -DPYDFLASH_RPC=ON)")
+    lines = [line for line in (run.stderr or "").splitlines() if line.strip()]
+    why = lines[-1] if lines else f"exit status {run.returncode}"
+    if run.returncode in (lib.DFLASH_ERR_INVALID_ARGUMENT, lib.DFLASH_ERR_UNSUPPORTED):
+        raise error_for(run.returncode, why)
     if run.returncode != 0:
-        lines = [line for line in (run.stderr or "").splitlines() if line.strip()]
-        why = lines[-1] if lines else f"exit status {run.returncode}"
         raise errors.BackendError(f"no ggml RPC server answers at {endpoint}: {why}")
     check(lib.dflash_add_rpc_server(endpoint.encode()))
     return [d for d in devices() if d.name not in before]

@@ -18,7 +18,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from . import autotune, devices, models, prompts
-from .bench import machine_info, pyplot
+from .bench import pyplot, report_header
 from .engine import Engine
 
 __all__ = ["profile", "main"]
@@ -71,10 +71,7 @@ def profile(args: argparse.Namespace, log=print) -> dict:  # type: ignore[no-unt
                if best else f"speculation does not pay here: the best n_max ({max(range(1, len(speedups)), key=lambda k: speedups[k])})"
                             f" would run at {max(speedups[1:]):.2f}x plain; decode plainly (n_max 0)")
     return {
-        "command": "pydflash " + " ".join(getattr(args, "argv", ["profile"])),
-        "config": {k: v for k, v in vars(args).items() if k not in ("func", "argv")},
-        "machine": machine_info(args.threads),
-        "wall_s": round(time.perf_counter() - t0, 1),
+        **report_header(args, "profile", t0),
         "overall": overall,
         "categories": {c: _group([r for r in rows if r["category"] == c], n_pos)
                        for c in sorted({r["category"] for r in rows})},
