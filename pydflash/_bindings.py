@@ -7,17 +7,32 @@ library (ABI mode would mis-call instead).
 
 from __future__ import annotations
 
+import os
 from typing import Callable
 
-from . import errors
-from ._native import ffi, lib
+from . import NativeExtensionError, errors
+
+_BUILD_HINT = ("build it with `pip install .` (or `pip install -e .` for a development checkout) in the "
+               "pydflash source tree; converting a checkpoint (pydflash.convert, "
+               "convert_hf_to_gguf_dflash.py) needs no native build")
+
+try:
+    from ._native import ffi, lib
+except ImportError as exc:
+    _pkg_dir = os.path.dirname(os.path.abspath(__file__))
+    if isinstance(exc, ModuleNotFoundError) and exc.name == f"{__package__}._native":
+        _msg = f"pydflash's native extension (pydflash._native) is not built in {_pkg_dir}: {_BUILD_HINT}"
+    else:  # present but does not load (missing libdflash/libllama, cffi, wrong platform)
+        _msg = f"pydflash's native extension (pydflash._native) does not load ({exc}): {_BUILD_HINT}"
+    raise NativeExtensionError(_msg, name=f"{__package__}._native") from exc
 
 ABI_VERSION = 3
 
 if lib.dflash_abi_version() != ABI_VERSION:  # pragma: no cover - a broken install
-    raise ImportError(
+    raise NativeExtensionError(
         f"pydflash native library has ABI {lib.dflash_abi_version()}, the Python package expects "
-        f"{ABI_VERSION}: reinstall pydflash"
+        f"{ABI_VERSION}: rebuild it (`pip install .`, or `pip install -e .` in a checkout)",
+        name=f"{__package__}._native",
     )
 
 _STATUS_TO_ERROR: dict[int, type[errors.PydflashError]] = {
