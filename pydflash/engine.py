@@ -1,20 +1,24 @@
-"""``Engine``: a target plus an optional DFlash drafter, generating through one native loop.
+"""``Engine``: a target plus an optional DFlash drafter, generating through the native scheduler.
 
-With a drafter, every step drafts a block, verifies it in one target batch and keeps the
-longest prefix the target agrees with (exact rejection sampling at T > 0), so the output is the
-target's own. With ``drafter=None`` the same loop decodes plainly, one token per step.
+Every call - ``generate``, ``stream``, ``chat``, ``generate_batch`` - adds sequences to one
+``Scheduler`` (``pydflash.scheduler``) and steps it until they finish. With a drafter each step
+drafts a block per sequence, verifies all of them in one target batch and keeps the longest
+prefix the target agrees with (exact rejection sampling at T > 0), so the output is the
+target's own; under ``n_max="auto"`` the scheduler picks the draft width every step from what
+it measures (0: plain decoding, the drafter not run). Without a drafter it decodes plainly.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import time
 from typing import Callable, Iterator, Sequence
 
-from . import autotune, errors, generation
-from ._bindings import check, ffi, lib
+from . import errors, generation, tuning_cache
 from .drafter import Drafter
 from .generation import Result, SamplingOptions
+from .scheduler import Scheduler, StepInfo
 from .target import Message, Target
 
 
@@ -28,12 +32,15 @@ class Engine:
             none matches, see ``pydflash.drafters``), or None (plain decoding).
         n_ctx, n_threads, n_gpu_layers: as for ``Target``.
         n_max: drafts verified per step (llama.cpp's --spec-draft-n-max), clamped to block_size-1.
-            ``"auto"`` (the default): chosen before each generation from this machine's measured
-            verify/draft costs and the acceptance seen so far, 0 (plain decoding) where
-            speculation would lose; see ``pydflash.autotune``. None: block_size-1.
+            ``"auto"`` (the default): the scheduler picks the width every step from measured
+            verify/draft costs and the acceptance it sees, 0 (plain decoding) where speculation
+            would lose. What it learned is remembered per (files, threads, devices, machine)
+            under the cache directory (``PYDFLASH_AUTOTUNE_CACHE=0`` turns that off). None:
+            block_size-1.
         n_min: shorter drafts are not verified (--spec-draft-n-min).
         p_min: greedy drafts are cut before the first pick the drafter itself gives a probability
             below p_min (--spec-draft-p-min; 0 = off).
+        n_seq_max: sequences the engine holds at once (generate_batch, the server's slots).
         drafter_device: the ggml device the drafter computes on (``pydflash.devices``). ``"auto"``
             (the default) follows the target: the first GPU when ``n_gpu_layers != 0``, else the
             CPU. None or ``"cpu"``: the CPU. Or a name such as ``"CUDA0"``.
@@ -56,32 +63,40 @@ class Engine:
         n_min: int = 0,
         p_min: float = 0.0,
         n_seq_max: int = 1,
+        n_batch: int = 512,
         exact_head: bool = False,
         drafter_device: str | None = "auto",
         verbose: bool = False,
     ) -> None:
         self.target = Target(target, n_ctx=n_ctx, n_threads=n_threads, n_gpu_layers=n_gpu_layers,
-                             n_seq_max=n_seq_max, verbose=verbose)
+                             n_seq_max=n_seq_max, n_batch=n_batch, verbose=verbose)
         self.drafter: Drafter | None = None
+        self.scheduler: Scheduler | None = None
+        self._tuning_key: str | None = None
+        self._saved_at = 0.0  # monotonic time of the last tuning save
         if isinstance(drafter, str) and drafter == "auto":  # the drafter shipped for this target, if any
             from . import drafters
 
             drafter = drafters.resolve_auto(self.target)
         from .devices import resolve_drafter_device
 
-        self._drafter_args = (drafter, dict(n_ctx=self.target.info.n_ctx, n_threads=n_threads, exact_head=exact_head,
-                                            device=resolve_drafter_device(drafter_device, n_gpu_layers)))
-        self._seq_drafters: list[Drafter] = []  # drafters of sequences 1.. in generate_batch
         self.auto_n_max = n_max == "auto"
-        self.last_n_max = 0  # n_max of the latest generation (the autotuner's pick under "auto")
-        self._tuner: autotune.AutoTuner | None = None
+        self.last_widths: dict[int, int] = {}  # draft width -> steps, of the latest call
         self._n_threads = n_threads or os.cpu_count() or 1
         try:
             if drafter is not None:
-                self.drafter = Drafter(drafter, self.target, **self._drafter_args[1])
+                self.drafter = Drafter(drafter, self.target, n_ctx=self.target.info.n_ctx, n_threads=n_threads,
+                                       exact_head=exact_head,
+                                       device=resolve_drafter_device(drafter_device, n_gpu_layers))
             self.n_max, self.n_min = self._check_spec(None if self.auto_n_max else n_max, n_min)
-            self.p_min = 0.0
             self.p_min = self._p_min(p_min)
+            self.scheduler = Scheduler(self.target, self.drafter, n_max="auto" if self.auto_n_max else self.n_max,
+                                       n_min=self.n_min, p_min=self.p_min)
+            if self.scheduler.auto:
+                self._tuning_key = tuning_cache.key(self.target, self.drafter, n_threads=self._n_threads)
+                learned = tuning_cache.load(self._tuning_key)
+                if learned:
+                    self.scheduler.set_tuning(learned)
         except BaseException:
             self.close()
             raise
@@ -92,56 +107,52 @@ class Engine:
             n_max = max(block - 1, 1)
         if not isinstance(n_max, int) or isinstance(n_max, bool) or n_max < 0:
             raise errors.InvalidArgumentError(f"n_max must be an int >= 0 or 'auto', got {n_max!r}")
-        if not isinstance(n_min, int) or not 0 <= n_min <= n_max:
+        if not isinstance(n_min, int) or isinstance(n_min, bool) or not 0 <= n_min <= n_max:
             raise errors.InvalidArgumentError(f"n_min must be an int in 0..n_max, got {n_min!r}")
         return min(n_max, max(block - 1, 1)), n_min
 
+    def _p_min(self, p_min: float | None) -> float:
+        if p_min is None:
+            return self.p_min
+        if not isinstance(p_min, (int, float)) or isinstance(p_min, bool) or not 0.0 <= p_min <= 1.0:
+            raise errors.InvalidArgumentError(f"p_min must be in [0, 1], got {p_min!r}")
+        return float(p_min)
+
+    def _call_spec(self, n_max: int | None, n_min: int | None, p_min: float | None) -> dict:
+        """A call's n_max / n_min / p_min overrides, validated, as Scheduler.add arguments
+        (n_max given: this call drafts exactly that many per step; None: the engine's)."""
+        spec = {}
+        if n_max is not None or n_min is not None:
+            k, m = self._check_spec(self.n_max if n_max is None else n_max, self.n_min if n_min is None else n_min)
+            if n_max is not None:
+                spec["n_max"] = k
+            if n_min is not None:
+                spec["n_min"] = min(m, k) if n_max is not None else m
+        if p_min is not None:
+            spec["p_min"] = self._p_min(p_min)
+        return spec
+
     @property
-    def autotuner(self) -> autotune.AutoTuner | None:
-        """The n_max autotuner (``n_max="auto"`` with a drafter), measuring costs on first use."""
-        if not self.auto_n_max or self.drafter is None:
-            return None
-        if self._tuner is None:
-            costs = autotune.cached_costs(self.target, self.drafter, self.target.path, self.drafter.path,
-                                          n_threads=self._n_threads)
-            acceptance = autotune.AcceptanceModel(n_positions=self.drafter.info.block_size - 1)
-            self._tuner = autotune.AutoTuner(costs, acceptance, max_n_max=self.n_max)
-        return self._tuner
+    def last_n_max(self) -> int:
+        """The draft width the latest call used most (0: it decoded plainly)."""
+        drafting = {w: n for w, n in self.last_widths.items() if w > 0}
+        return max(drafting, key=lambda w: drafting[w]) if drafting else 0
 
-    def _pick_n_max(self, n_max: int | None) -> int | None:
-        """The n_max of one call: the caller's, else the autotuner's pick, else the engine's."""
-        if n_max is None and self.autotuner is not None:
-            n_max = self.autotuner.choose()
-        self.last_n_max = 0 if self.drafter is None else self.n_max if n_max is None else n_max
-        return n_max
-
-    def _call_spec(self, n_max: int | None, n_min: int | None, p_min: float | None) -> tuple[int | None, int | None, bool]:
-        """Validate a call's n_max / n_min / p_min, then let the autotuner pick n_max if the caller
-        did not: (n_max, n_min, picked by the autotuner)."""
-        if self.drafter is not None:
-            self._check_spec(self.n_max if n_max is None else n_max, self.n_min if n_min is None else n_min)
-            self._p_min(p_min)
-        auto = n_max is None and self.autotuner is not None
-        n_max = self._pick_n_max(n_max)
-        if auto:  # a caller's n_min cannot exceed what the tuner picked
-            n_min = min(self.n_min if n_min is None else n_min, n_max)
-        return n_max, n_min, auto
-
-    def _observe(self, n_max: int | None, auto: bool) -> Callable[[Result], None]:
-        def observe(result: Result) -> None:
-            if auto and self._tuner is not None and n_max:
-                self._tuner.observe(n_max, result.stats)
-        return observe
+    def tuning(self) -> dict[str, list[float]] | None:
+        """What auto mode has learned on this machine (None when n_max is fixed or no drafter)."""
+        return self.scheduler.tuning() if self.scheduler is not None and self.scheduler.auto else None
 
     # -- lifetime ------------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Free the drafter and the target (idempotent). Waits for a generation running on another
-        thread: it holds the target's lock, so nothing is freed under it."""
+        """Free the scheduler, the drafter and the target (idempotent). Waits for a generation
+        running on another thread: it holds the target's lock, so nothing is freed under it."""
         target = getattr(self, "target", None)
         with target._lock if target is not None else contextlib.nullcontext():
-            for d in getattr(self, "_seq_drafters", []):
-                d.close()
+            if getattr(self, "scheduler", None) is not None:
+                self._save_tuning()
+                self.scheduler.close()
+                self.scheduler = None
             if getattr(self, "drafter", None) is not None:
                 self.drafter.close()
             if target is not None:
@@ -153,27 +164,72 @@ class Engine:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def _save_tuning(self) -> None:
+        if self._tuning_key and self.scheduler is not None:
+            with contextlib.suppress(OSError, errors.PydflashError):
+                tuning_cache.save(self._tuning_key, self.scheduler.tuning())
+
     # -- generation ----------------------------------------------------------------------------
+
+    def _sched(self) -> Scheduler:
+        self.target._h()  # ClosedError when closed
+        if self.scheduler is None:
+            raise errors.ClosedError("the engine is closed")
+        return self.scheduler
+
+    def _tokens(self, prompt: str | Sequence[int]) -> list[int]:
+        tokens = self.target.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
+        self.target._token_array(tokens, allow_empty=False)  # validates
+        return tokens
+
+    def _run(self, sched: Scheduler, ids: list[int]) -> list[Result]:
+        """Step until `ids` finished (under the target's lock), counting the widths used."""
+        widths: dict[int, int] = {}
+        wanted = set(ids)
+        try:
+            while not wanted.issubset(sched.finished()):
+                info: StepInfo = sched.step()
+                if info.n_decoding:
+                    widths[info.width] = widths.get(info.width, 0) + 1
+        except BaseException:
+            sched.abandon(ids)
+            raise
+        self.last_widths = widths
+        if self._tuning_key and time.monotonic() - self._saved_at > 30.0:  # also if the process dies later
+            self._saved_at = time.monotonic()
+            self._save_tuning()
+        return [sched.take(i) for i in ids]
 
     def generate(self, prompt: str | Sequence[int], *, n_max: int | None = None, n_min: int | None = None,
                  p_min: float | None = None, on_piece: Callable[[str], bool | None] | None = None,
                  **options) -> Result:  # type: ignore[no-untyped-def]
-        """Generate from text or token ids; options as ``Target.generate``; n_max / n_min / p_min
-        override the engine's settings for this call. ``on_piece(text)``, if given, receives the
-        text as it is committed (return False to stop)."""
-        n_max, n_min, auto = self._call_spec(n_max, n_min, p_min)
-        call, opts = self._generation(prompt, options, n_max, n_min, p_min)
+        """Generate from text or token ids; options as ``Target.generate``; ``n_max`` fixes the
+        drafts per step for this call. ``on_piece(text)``, if given, receives the text as it is
+        committed (return False to stop)."""
+        spec = self._call_spec(n_max, n_min, p_min)
+        opts = SamplingOptions.build(**options)
+        tokens = self._tokens(prompt)
         with self.target._lock:
-            result = generation.run(call, opts, on_piece)
-        self._observe(n_max, auto)(result)
+            sched = self._sched()
+            sid = sched.add(tokens, opts, **spec, slot=0, cache_prompt=False, on_piece=on_piece)
+            result = self._run(sched, [sid])[0]
         return result
 
     def stream(self, prompt: str | Sequence[int], *, n_max: int | None = None, n_min: int | None = None,
                p_min: float | None = None, **options) -> Iterator[str]:  # type: ignore[no-untyped-def]
-        """Like ``generate`` but yields text pieces as they are committed."""
-        n_max, n_min, auto = self._call_spec(n_max, n_min, p_min)
-        call, opts = self._generation(prompt, options, n_max, n_min, p_min)
-        return generation.stream(call, opts, self.target._lock, on_result=self._observe(n_max, auto))
+        """Like ``generate`` but yields text pieces as they are committed; closing the iterator
+        cancels the generation."""
+        spec = self._call_spec(n_max, n_min, p_min)
+        opts = SamplingOptions.build(**options)
+        tokens = self._tokens(prompt)
+        self._sched()
+
+        def call(on_piece: Callable[[str], bool]) -> Result:
+            sched = self._sched()
+            sid = sched.add(tokens, opts, **spec, slot=0, cache_prompt=False, on_piece=on_piece)
+            return self._run(sched, [sid])[0]
+
+        return generation.stream_call(call, self.target._lock)
 
     def chat(self, messages: Sequence[Message], **options) -> Result:  # type: ignore[no-untyped-def]
         """Generate the assistant's reply with the target's chat template."""
@@ -184,9 +240,9 @@ class Engine:
                        n_min: int | None = None, p_min: float | None = None,
                        on_piece: Callable[[int, str], bool | None] | None = None,
                        **options) -> list[Result]:  # type: ignore[no-untyped-def]
-        """Generate for several prompts together: every step drafts one block per sequence and
-        verifies all blocks in one target batch. Sequence i samples with ``seed + i``. Needs
-        ``n_seq_max >= len(prompts)``; each extra sequence loads its own drafter context.
+        """Generate for several prompts together: every step drafts one block per sequence (one
+        drafter, one context per sequence) and verifies all blocks in one target batch.
+        Sequence i samples with ``seed + i``. Needs ``n_seq_max >= len(prompts)``.
 
         on_piece(i, text), if given, streams sequence i's text; returning False stops sequence i."""
         if not prompts:
@@ -194,59 +250,20 @@ class Engine:
         if len(prompts) > self.target.info.n_seq_max:
             raise errors.InvalidArgumentError(
                 f"{len(prompts)} prompts but the engine was created with n_seq_max={self.target.info.n_seq_max}")
+        spec = self._call_spec(n_max, n_min, p_min)
         opts = SamplingOptions.build(**options)
-        n_max, n_min, auto = self._call_spec(n_max, n_min, p_min)
-        n_max, n_min = self._check_spec(self.n_max if n_max is None else n_max, self.n_min if n_min is None else n_min)
-        use_drafter = self.drafter is not None and n_max != 0  # n_max 0: plain decoding, drafter skipped
-        token_lists = [self.target.tokenize(p) if isinstance(p, str) else list(p) for p in prompts]
-        arrays = [self.target._token_array(t, allow_empty=False) for t in token_lists]
-        keepalive: list = []
-        params = opts.to_native(keepalive)
-        spec = ffi.new("dflash_spec_params *", {"n_max": n_max, "n_min": n_min, "p_min": self._p_min(p_min)})
-        outs = ffi.new("dflash_output *[]", len(prompts))
-        callback, user_data = ffi.NULL, ffi.NULL
-        if on_piece is not None:
-            handles = [ffi.new_handle(generation.piece_forwarder(lambda text, i=i: on_piece(i, text)))
-                       for i in range(len(prompts))]
-            keepalive.append(handles)
-            callback, user_data = generation.TOKEN_CALLBACK, ffi.new("void *[]", handles)
-        with self.target._lock:  # handles are taken under the lock: a concurrent close() cannot free them
-            drafters = ffi.NULL
-            if use_drafter:
-                while len(self._seq_drafters) < len(prompts) - 1:
-                    self._seq_drafters.append(Drafter(self._drafter_args[0], self.target, **self._drafter_args[1]))
-                drafters = ffi.new("dflash_drafter *[]", [self.drafter._h()] +
-                                   [d._h() for d in self._seq_drafters[: len(prompts) - 1]])
-            check(lib.dflash_generate_batch(self.target._h(), drafters, ffi.new("const int32_t *[]", arrays),
-                                            ffi.new("int32_t[]", [len(t) for t in token_lists]), len(prompts),
-                                            spec, params, callback, user_data, outs))
-        results = [generation.take_output(outs[i]) for i in range(len(prompts))]
-        for result in results:
-            self._observe(n_max, auto)(result)
-        return results
-
-    def _p_min(self, p_min: float | None) -> float:
-        if p_min is None:
-            return self.p_min
-        if not isinstance(p_min, (int, float)) or not 0.0 <= p_min <= 1.0:
-            raise errors.InvalidArgumentError(f"p_min must be in [0, 1], got {p_min!r}")
-        return float(p_min)
-
-    def _generation(self, prompt, options, n_max, n_min, p_min=None):  # type: ignore[no-untyped-def]
-        if self.drafter is None or n_max == 0:
-            return self.target._generation(prompt, options)  # no drafter, or no drafts this call (e.g. autotuner: off)
-        n_max, n_min = self._check_spec(self.n_max if n_max is None else n_max, self.n_min if n_min is None else n_min)
-        opts = SamplingOptions.build(**options)
-        tokens = self.target.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
-        array = self.target._token_array(tokens, allow_empty=False)
-        spec = ffi.new("dflash_spec_params *", {"n_max": n_max, "n_min": n_min, "p_min": self._p_min(p_min)})
-        self.target._h(), self.drafter._h()  # fail early when closed
-        drafter = self.drafter
-
-        def call(params, callback, user_data, out):  # type: ignore[no-untyped-def]
-            # runs under the target's lock; handles are read here so a close() in between is seen
-            with drafter._lock:
-                return lib.dflash_generate_speculative(self.target._h(), drafter._h(), array, len(tokens), spec,
-                                                       params, callback, user_data, out)
-
-        return call, opts
+        token_lists = [self._tokens(p) for p in prompts]
+        if opts.seed + len(prompts) > 2**64:
+            raise errors.InvalidArgumentError("seed + number of prompts must stay below 2**64")
+        with self.target._lock:
+            sched = self._sched()
+            ids: list[int] = []
+            try:
+                for i, tokens in enumerate(token_lists):
+                    piece = None if on_piece is None else (lambda text, i=i: on_piece(i, text))
+                    opts_i = SamplingOptions(**{**opts.__dict__, "seed": opts.seed + i})
+                    ids.append(sched.add(tokens, opts_i, **spec, slot=i, cache_prompt=False, on_piece=piece))
+            except BaseException:
+                sched.abandon(ids)
+                raise
+            return self._run(sched, ids)

@@ -40,6 +40,7 @@ class Stats:
     t_accept_ms: float
     t_total_ms: float
     accepted_per_position: tuple[int, ...] = ()
+    n_cached: int = 0  # prompt tokens whose KV was reused from the slot (cache_prompt)
 
     @property
     def tokens_per_second(self) -> float:
@@ -68,6 +69,7 @@ class Stats:
             t_accept_ms=st.t_accept_ms,
             t_total_ms=st.t_total_ms,
             accepted_per_position=tuple(st.n_accepted_per_pos[i] for i in range(16)),
+            n_cached=st.n_cached,
         )
 
 
@@ -192,11 +194,18 @@ def take_output(output) -> Result:  # type: ignore[no-untyped-def]
 
 def stream(call: NativeCall, options: SamplingOptions, lock: threading.Lock,
            on_result: Callable[[Result], None] | None = None) -> Iterator[str]:
-    """Yield text pieces as they are produced; closing the iterator cancels the generation.
-    ``on_result`` receives the finished ``Result`` (statistics included).
+    """Yield text pieces of one native generation call (see ``stream_call``)."""
+    return stream_call(lambda on_piece: run(call, options, on_piece), lock, on_result)
 
-    The native loop runs on a worker thread (cffi releases the GIL during the call) and hands
-    pieces over a queue, so the caller sees tokens as soon as the C++ loop commits them.
+
+def stream_call(call: Callable[[Callable[[str], bool]], Result], lock: threading.Lock,
+                on_result: Callable[[Result], None] | None = None) -> Iterator[str]:
+    """Yield text pieces as they are produced; closing the iterator cancels the generation.
+    ``call(on_piece)`` runs the generation, feeding ``on_piece``; ``on_result`` receives the
+    finished ``Result`` (statistics included).
+
+    The generation runs on a worker thread under ``lock`` (cffi releases the GIL during native
+    calls) and hands pieces over a queue, so the caller sees tokens as soon as they are committed.
     """
     pieces: queue.Queue = queue.Queue()
     cancelled = threading.Event()
@@ -210,7 +219,7 @@ def stream(call: NativeCall, options: SamplingOptions, lock: threading.Lock,
     def worker() -> None:
         try:
             with lock:
-                outcome.append(run(call, options, on_piece))
+                outcome.append(call(on_piece))
         except BaseException as exc:
             outcome.append(exc)
         finally:

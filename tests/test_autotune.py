@@ -91,29 +91,50 @@ def random_drafter(tmp_path_factory, smollm2_path):
 
 
 def test_engine_auto_turns_a_losing_drafter_off(smollm2_path, random_drafter, monkeypatch):
-    """A random drafter is never accepted: after one probing generation the auto engine decodes
-    plainly, and every output equals plain decoding's (greedy) — cost measurement included."""
+    """A random drafter is never accepted: the scheduler probes it in the first steps, measures
+    that it loses, and decodes plainly from then on (the drafter not run); every output (generate
+    and stream) equals plain decoding's (greedy)."""
     monkeypatch.setenv("PYDFLASH_AUTOTUNE_CACHE", "0")
     prompts = ["def add(a, b):", "The capital of France is", "for i in range(10):"]
     with Engine(smollm2_path, None, n_ctx=512, n_threads=2) as plain:
         want = [plain.generate(p, max_tokens=24, temperature=0).tokens for p in prompts]
     with Engine(smollm2_path, random_drafter, n_ctx=512, n_threads=2) as engine:
-        assert engine.auto_n_max and engine.autotuner is not None
-        costs = engine.autotuner.costs
-        assert len(costs.verify) == 4 and len(costs.draft) == 3 and costs.t_step_ms > 0
-        assert list(costs.verify) == sorted(costs.verify)
-        runs = [engine.generate(p, max_tokens=24, temperature=0) for p in prompts]
-        n_max = engine.last_n_max
+        assert engine.auto_n_max and engine.tuning() is not None
+        runs, widths = [], []
+        for p in prompts:
+            runs.append(engine.generate(p, max_tokens=24, temperature=0))
+            widths.append(engine.last_widths)
         stream_text = "".join(engine.stream(prompts[0], max_tokens=24, temperature=0))
-    assert runs[0].stats.n_drafted > 0  # the probe
-    assert runs[1].stats.n_drafted == runs[2].stats.n_drafted == 0 and n_max == 0
+        learned = engine.tuning()
+    # the first generation probes (a few steps drafted), then plain steps with a rare re-probe
+    # (at most one in the 48 steps of the next two generations)
+    assert 0 < runs[0].stats.n_drafted <= 6 and sum(w for k, w in widths[0].items() if k > 0) <= 3
+    assert runs[1].stats.n_drafted == 0 and set(widths[1]) == {0}
+    assert sum(n for w, n in widths[2].items() if w > 0) <= 1
     assert [r.tokens for r in runs] == want
     assert stream_text == runs[0].text
+    # costs were measured in the loop: one row (plain) and the probe's rows
+    assert learned["t_rows_ms"][0] > 0 and learned["t_rows_ms"][1] > 0
+    assert learned["offered"][0] >= 1 and learned["accepted"][0] <= learned["offered"][0]
+
+
+def test_engine_auto_remembers_what_it_learned(smollm2_path, random_drafter, monkeypatch, tmp_path):
+    """With the cache on, a second process (a new Engine) starts from the learned costs and
+    acceptance: it does not probe a drafter already known to lose."""
+    monkeypatch.setenv("PYDFLASH_CACHE", str(tmp_path))
+    monkeypatch.setenv("PYDFLASH_AUTOTUNE_CACHE", "1")
+    with Engine(smollm2_path, random_drafter, n_ctx=512, n_threads=2) as engine:
+        first = engine.generate("def add(a, b):", max_tokens=24, temperature=0)
+    assert first.stats.n_drafted > 0
+    assert list((tmp_path / "autotune").glob("tuning-*.json"))
+    with Engine(smollm2_path, random_drafter, n_ctx=512, n_threads=2) as engine:
+        again = engine.generate("def add(a, b):", max_tokens=24, temperature=0)
+    assert again.stats.n_drafted == 0 and again.tokens == first.tokens
 
 
 def test_engine_fixed_n_max_bypasses_autotuning(smollm2_path, random_drafter):
     with Engine(smollm2_path, random_drafter, n_ctx=512, n_threads=2, n_max=2) as engine:
-        assert engine.autotuner is None
+        assert engine.tuning() is None
         r = engine.generate("def add(a, b):", max_tokens=12, temperature=0)
         assert r.stats.n_drafted > 0 and engine.last_n_max == 2
     with pytest.raises(Exception, match="n_max"):

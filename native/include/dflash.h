@@ -236,6 +236,7 @@ typedef struct dflash_stats {
     double  t_accept_ms;
     double  t_total_ms;
     int32_t n_accepted_per_pos[16];  /* how often the draft at position i+1 was accepted */
+    int32_t n_cached;               /* prompt tokens whose KV was reused from the slot (cache_prompt) */
 } dflash_stats;
 
 /* Streaming: called once per committed token with the newly releasable UTF-8 text (may be empty
@@ -426,19 +427,113 @@ dflash_status dflash_generate_speculative(dflash_target * target, dflash_drafter
                                           dflash_token_callback callback, void * user_data,
                                           dflash_output ** out);
 
-/* Several sequences at once (sequence i on target seq i, sampling seed = params seed + i): each
- * step drafts one block per running sequence and verifies all of them in one target batch.
- * drafters: n_seq entries (each a separate drafter handle, loaded next to this target; an entry
- * may be NULL for plain decoding), or NULL for all-plain. The target needs n_seq_max >= n_seq
- * and n_batch >= n_seq * (n_max + 1). callback (may be NULL) streams every sequence, called with
+/* Several sequences at once through one scheduler (sequence i in slot i, sampling seed = params
+ * seed + i, fixed n_max): each step drafts one block per running sequence with the one drafter
+ * (NULL: plain decoding; one context per sequence) and verifies all blocks in one target batch.
+ * The target needs n_seq_max >= n_seq. callback (may be NULL) streams every sequence, called with
  * user_data[i] for sequence i; returning false stops that sequence only. outs receives n_seq
  * outputs (free each). */
-dflash_status dflash_generate_batch(dflash_target * target, dflash_drafter * const * drafters,
+dflash_status dflash_generate_batch(dflash_target * target, dflash_drafter * drafter,
                                     const int32_t * const * prompts, const int32_t * n_prompts,
                                     int32_t n_seq, const dflash_spec_params * spec,
                                     const dflash_generate_params * params,
                                     dflash_token_callback callback, void * const * user_data,
                                     dflash_output ** outs);
+
+/* ---------------------------------------------------------------------------------------------
+ * Scheduler: the one generation loop (plain and speculative, one sequence or many)
+ *
+ * A scheduler holds up to the target's n_seq_max sequences ("slots") over a target and an
+ * optional drafter (its weights once, one context cache per slot). Sequences are added and
+ * cancelled between steps; each dflash_scheduler_step():
+ *   - admits queued sequences to free slots, reusing the KV of a slot's longest common prompt
+ *     prefix (cache_prompt, as llama-server);
+ *   - picks the draft width: fixed n_max, or under auto (n_max = -1) the width that maximises
+ *     expected committed tokens per second over the whole batch, from costs and acceptance the
+ *     loop measures itself (0: the drafter is not run), with occasional probes;
+ *   - drafts one block per decoding sequence (capped by its own n_max / max_tokens / context),
+ *     decodes one target batch holding every block plus prefill chunks of new sequences within
+ *     the n_batch row budget, then per sequence accepts the verified prefix (greedy: argmax;
+ *     T > 0: exact rejection sampling), commits tokens (callback, stop strings, EOS, max tokens)
+ *     and rolls rejected rows back.
+ * Finished sequences are collected with dflash_scheduler_finished / dflash_scheduler_take.
+ * The scheduler uses the target's sequences (and the drafter's contexts) as it likes while it
+ * exists: do not decode on them directly in between.
+ * ------------------------------------------------------------------------------------------- */
+
+typedef struct dflash_scheduler dflash_scheduler;
+
+typedef struct dflash_scheduler_params {
+    int32_t n_max;    /* drafts per sequence per step: -1 = auto (default), 0 = plain decoding */
+    int32_t n_min;    /* shorter drafts are not verified */
+    float   p_min;    /* greedy: cut a draft before the first pick its drafter gave p < p_min */
+    int32_t n_batch;  /* most target rows per step (0 = the target's n_batch) */
+} dflash_scheduler_params;
+
+typedef struct dflash_request_params {
+    dflash_generate_params gen;   /* max tokens, sampling (seed), stop strings (copied), EOS */
+    int32_t n_max;                /* this sequence's drafts per step, fixed (-1 = the scheduler's) */
+    int32_t n_min;                /* -1 = the scheduler's */
+    float   p_min;                /* < 0 = the scheduler's */
+    int32_t slot;                 /* slot to run in (-1 = any free one; the request waits for it) */
+    bool    cache_prompt;         /* reuse the slot's KV of the longest common prompt prefix */
+} dflash_request_params;
+
+typedef struct dflash_step_info {
+    int32_t width;           /* most drafts a sequence verified in this step (0: plain) */
+    bool    probe;           /* auto: a probe step (speculation is off by the estimates) */
+    int32_t n_rows;          /* target rows decoded (blocks + prefill chunks) */
+    int32_t n_prefill_rows;  /* of which prompt rows */
+    int32_t n_decoding;      /* sequences that decoded (verified) in this step */
+    int32_t n_drafting;      /* of which drafted */
+    int32_t n_committed;     /* tokens committed in this step */
+    int32_t n_finished;      /* finished sequences not yet taken */
+    int32_t n_waiting;       /* sequences queued or running after this step */
+    double  t_draft_ms, t_verify_ms, t_step_ms;
+} dflash_step_info;
+
+typedef struct dflash_slot_info {
+    int32_t id;           /* sequence in the slot (0: free) */
+    int32_t state;        /* 0 idle, 1 prefilling, 2 decoding */
+    int32_t n_prompt, n_prefilled, n_generated, n_past;
+    int32_t n_cached;     /* tokens whose KV the slot holds (reusable by the next request) */
+} dflash_slot_info;
+
+/* What auto mode has learned (to remember across processes): target step time by total rows
+ * (t_rows_ms[r-1], 0 = unknown), one sequence's drafter block by width (t_draft_ms[w-1]), and
+ * acceptance counts by draft position. */
+typedef struct dflash_tuning {
+    float t_rows_ms[256];
+    float t_draft_ms[16];
+    float offered[16];
+    float accepted[16];
+} dflash_tuning;
+
+dflash_scheduler_params dflash_scheduler_default_params(void);
+dflash_request_params   dflash_request_default_params(void);
+
+/* drafter may be NULL (plain decoding); it must have been loaded next to this target's GGUF. The
+ * target's n_batch must hold one row per slot. */
+dflash_status dflash_scheduler_create(dflash_target * target, dflash_drafter * drafter,
+                                      const dflash_scheduler_params * params, dflash_scheduler ** out);
+void          dflash_scheduler_free(dflash_scheduler * scheduler);
+
+/* Queue a sequence. callback (may be NULL) streams it with user_data; returning false stops it.
+ * *id receives its id (> 0). */
+dflash_status dflash_scheduler_add(dflash_scheduler * scheduler, const int32_t * prompt, int32_t n_prompt,
+                                   const dflash_request_params * params, dflash_token_callback callback,
+                                   void * user_data, int32_t * id);
+/* Stop a queued or running sequence at the next step (its stop reason: cancelled). */
+dflash_status dflash_scheduler_cancel(dflash_scheduler * scheduler, int32_t id);
+/* One step (returns at once when there is nothing to do). */
+dflash_status dflash_scheduler_step(dflash_scheduler * scheduler, dflash_step_info * info);
+/* Ids of finished sequences not taken yet; returns how many there are (writes at most n_ids). */
+int32_t       dflash_scheduler_finished(const dflash_scheduler * scheduler, int32_t * ids, int32_t n_ids);
+/* The output of a finished sequence (caller frees it); the sequence is forgotten. */
+dflash_status dflash_scheduler_take(dflash_scheduler * scheduler, int32_t id, dflash_output ** out);
+dflash_status dflash_scheduler_slot_info(const dflash_scheduler * scheduler, int32_t slot, dflash_slot_info * out);
+dflash_status dflash_scheduler_get_tuning(const dflash_scheduler * scheduler, dflash_tuning * out);
+dflash_status dflash_scheduler_set_tuning(dflash_scheduler * scheduler, const dflash_tuning * tuning);
 
 /* ---------------------------------------------------------------------------------------------
  * Quantization

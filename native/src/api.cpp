@@ -6,6 +6,7 @@
 #include "drafter.h"
 #include "error.h"
 #include "dflash_draft_source.h"
+#include "scheduler.h"
 #include "speculative.h"
 #include "output.h"
 #include "quantize.h"
@@ -32,6 +33,10 @@ struct dflash_target {
 
 struct dflash_drafter {
     std::unique_ptr<dflash::Drafter> impl;
+};
+
+struct dflash_scheduler {
+    std::unique_ptr<dflash::Scheduler> impl;
 };
 
 namespace {
@@ -77,7 +82,7 @@ extern "C" {
 
 const char * dflash_last_error(void) { return dflash::last_error_cstr(); }
 
-int32_t dflash_abi_version(void) { return 3; }
+int32_t dflash_abi_version(void) { return 4; }
 
 int32_t dflash_device_count(void) { return dflash::device_count(); }
 
@@ -236,7 +241,11 @@ dflash_status dflash_target_generate(dflash_target * target, const int32_t * pro
     return guarded([&] {
         require(target && prompt && params && out, "NULL argument");
         *out = nullptr;
-        *out = dflash::generate(target->impl, nullptr, {}, prompt, n_prompt, *params, callback, user_data).release();
+        dflash::SpeculativeParams plain{0, 0, 0.0f};
+        *out = dflash::generate_batch(target->impl, nullptr, nullptr, plain, {prompt}, {n_prompt}, *params, callback,
+                                      {user_data})
+                   .front()
+                   .release();
     });
 }
 
@@ -252,7 +261,10 @@ dflash_status dflash_target_generate_replay(dflash_target * target, const int32_
         dflash::ReplayDraftSource source(std::vector<int32_t>(continuation, continuation + n_continuation), offset,
                                          target->impl.n_vocab());
         const dflash::SpeculativeParams sp{spec->n_max, spec->n_min, spec->p_min};
-        *out = dflash::generate(target->impl, &source, sp, prompt, n_prompt, *params, callback, user_data).release();
+        *out = dflash::generate_batch(target->impl, nullptr, &source, sp, {prompt}, {n_prompt}, *params, callback,
+                                      {user_data})
+                   .front()
+                   .release();
     });
 }
 
@@ -291,45 +303,147 @@ dflash_status dflash_generate_speculative(dflash_target * target, dflash_drafter
         require(target && drafter && prompt && spec && params && out, "NULL argument");
         *out = nullptr;
         const auto sp = spec_for(target, drafter, *spec);
-        dflash::DFlashDraftSource source(*drafter->impl, params->sampling.seed);
-        *out = dflash::generate(target->impl, &source, sp, prompt, n_prompt, *params, callback, user_data).release();
+        *out = dflash::generate_batch(target->impl, drafter->impl.get(), nullptr, sp, {prompt}, {n_prompt}, *params,
+                                      callback, {user_data})
+                   .front()
+                   .release();
     });
 }
 
-dflash_status dflash_generate_batch(dflash_target * target, dflash_drafter * const * drafters,
-                                    const int32_t * const * prompts, const int32_t * n_prompts, int32_t n_seq,
-                                    const dflash_spec_params * spec, const dflash_generate_params * params,
-                                    dflash_token_callback callback, void * const * user_data, dflash_output ** outs) {
+dflash_status dflash_generate_batch(dflash_target * target, dflash_drafter * drafter, const int32_t * const * prompts,
+                                    const int32_t * n_prompts, int32_t n_seq, const dflash_spec_params * spec,
+                                    const dflash_generate_params * params, dflash_token_callback callback,
+                                    void * const * user_data, dflash_output ** outs) {
     return guarded([&] {
         require(target && prompts && n_prompts && spec && params && outs && n_seq > 0, "invalid batch arguments");
-        std::vector<std::unique_ptr<dflash::DFlashDraftSource>> sources;
-        std::vector<dflash::DraftSource *> sources_raw;
         std::vector<const int32_t *> p(prompts, prompts + n_seq);
         std::vector<int32_t> n(n_prompts, n_prompts + n_seq);
-        dflash::SpeculativeParams sp = spec_for(target, nullptr, *spec);
         for (int32_t i = 0; i < n_seq; ++i) {
             require(p[size_t(i)] != nullptr, "a prompt is NULL");
-            dflash_drafter * d = drafters ? drafters[i] : nullptr;
-            if (d) {
-                sp = spec_for(target, d, *spec);
-                for (int32_t j = 0; j < i; ++j) {
-                    require(drafters[j] != d, "each sequence needs its own drafter handle");
-                }
-                sources.push_back(std::make_unique<dflash::DFlashDraftSource>(*d->impl, params->sampling.seed + i));
-                sources_raw.push_back(sources.back().get());
-            } else {
-                sources_raw.push_back(nullptr);
-            }
         }
+        const auto sp = spec_for(target, drafter, *spec);
         std::vector<void *> users(size_t(n_seq), nullptr);
         if (callback) {
             require(user_data != nullptr, "user_data is NULL");
             users.assign(user_data, user_data + n_seq);
         }
-        auto results = dflash::generate_batch(target->impl, sources_raw, sp, p, n, *params, callback, users);
+        auto results = dflash::generate_batch(target->impl, drafter ? drafter->impl.get() : nullptr, nullptr, sp, p, n,
+                                              *params, callback, users);
         for (int32_t i = 0; i < n_seq; ++i) {
             outs[i] = results[size_t(i)].release();
         }
+    });
+}
+
+// -- scheduler ---------------------------------------------------------------------------------
+
+dflash_scheduler_params dflash_scheduler_default_params(void) {
+    dflash_scheduler_params p{};
+    p.n_max = -1;
+    return p;
+}
+
+dflash_request_params dflash_request_default_params(void) {
+    dflash_request_params p{};
+    p.gen = dflash_generate_default_params();
+    p.n_max = -1;
+    p.n_min = -1;
+    p.p_min = -1.0f;
+    p.slot = -1;
+    p.cache_prompt = true;
+    return p;
+}
+
+dflash_status dflash_scheduler_create(dflash_target * target, dflash_drafter * drafter,
+                                      const dflash_scheduler_params * params, dflash_scheduler ** out) {
+    return guarded([&] {
+        require(target && params && out, "NULL argument");
+        *out = nullptr;
+        if (drafter) {
+            dflash_spec_params probe{std::max(params->n_max, 0), 0, 0.0f};
+            spec_for(target, drafter, probe);  // the pair must belong together
+        }
+        dflash::SchedulerParams sp;
+        sp.n_max = params->n_max;
+        sp.n_min = params->n_min;
+        sp.p_min = params->p_min;
+        sp.n_batch = params->n_batch;
+        auto s = std::make_unique<dflash_scheduler>();
+        s->impl = std::make_unique<dflash::Scheduler>(target->impl, drafter ? drafter->impl.get() : nullptr, sp);
+        *out = s.release();
+    });
+}
+
+void dflash_scheduler_free(dflash_scheduler * scheduler) { delete scheduler; }
+
+dflash_status dflash_scheduler_add(dflash_scheduler * scheduler, const int32_t * prompt, int32_t n_prompt,
+                                   const dflash_request_params * params, dflash_token_callback callback,
+                                   void * user_data, int32_t * id) {
+    return guarded([&] {
+        require(scheduler && params && id, "NULL argument");
+        *id = 0;
+        dflash::RequestParams req;
+        req.gen = params->gen;
+        req.n_max = params->n_max;
+        req.n_min = params->n_min;
+        req.p_min = params->p_min;
+        req.slot = params->slot;
+        req.cache_prompt = params->cache_prompt;
+        *id = scheduler->impl->add(prompt, n_prompt, std::move(req), callback, user_data);
+    });
+}
+
+dflash_status dflash_scheduler_cancel(dflash_scheduler * scheduler, int32_t id) {
+    return guarded([&] {
+        require(scheduler != nullptr, "NULL argument");
+        scheduler->impl->cancel(id);
+    });
+}
+
+dflash_status dflash_scheduler_step(dflash_scheduler * scheduler, dflash_step_info * info) {
+    return guarded([&] {
+        require(scheduler && info, "NULL argument");
+        scheduler->impl->step(info);
+    });
+}
+
+int32_t dflash_scheduler_finished(const dflash_scheduler * scheduler, int32_t * ids, int32_t n_ids) {
+    if (!scheduler) {
+        return 0;
+    }
+    const auto done = scheduler->impl->finished();
+    for (int32_t i = 0; ids && i < n_ids && i < int32_t(done.size()); ++i) {
+        ids[i] = done[size_t(i)];
+    }
+    return int32_t(done.size());
+}
+
+dflash_status dflash_scheduler_take(dflash_scheduler * scheduler, int32_t id, dflash_output ** out) {
+    return guarded([&] {
+        require(scheduler && out, "NULL argument");
+        *out = nullptr;
+        *out = scheduler->impl->take(id).release();
+    });
+}
+
+dflash_status dflash_scheduler_slot_info(const dflash_scheduler * scheduler, int32_t slot, dflash_slot_info * out) {
+    return guarded([&] {
+        require(scheduler && out, "NULL argument");
+        scheduler->impl->slot_info(slot, out);
+    });
+}
+
+dflash_status dflash_scheduler_get_tuning(const dflash_scheduler * scheduler, dflash_tuning * out) {
+    return guarded([&] {
+        require(scheduler && out, "NULL argument");
+        const_cast<dflash::Scheduler &>(*scheduler->impl).policy().save(out);
+    });
+}
+
+dflash_status dflash_scheduler_set_tuning(dflash_scheduler * scheduler, const dflash_tuning * tuning) {
+    return guarded([&] {
+        require(scheduler && tuning, "NULL argument");
+        scheduler->impl->policy().load(*tuning);
     });
 }
 

@@ -37,20 +37,23 @@ std::vector<float> pick_confidence(const Proposal & p, const BlockOutput & block
 }
 }  // namespace
 
-void DFlashDraftSource::begin(const int32_t *, int32_t) {
-    drafter_.crop(0);
-    drafter_.rng().seed(seed_ ^ 0x85ebca6bULL);  // drafts are reproducible per request seed
+void DFlashDraftSource::begin(const int32_t *, int32_t, int32_t n_keep, uint64_t seed) {
+    drafter_.use_context(context_);
+    drafter_.crop(drafter_.n_context_before(n_keep));
+    rng_.seed(seed ^ 0x85ebca6bULL);  // drafts are reproducible per request seed
 }
 
 void DFlashDraftSource::commit(int32_t pos, int32_t n, const std::vector<const float *> & features) {
+    drafter_.use_context(context_);
     positions_.resize(size_t(n));
     std::iota(positions_.begin(), positions_.end(), pos);
     drafter_.inject_taps(features.data(), int32_t(features.size()), positions_.data(), n);
 }
 
 Draft DFlashDraftSource::draft(int32_t anchor, int32_t pos, int32_t n_max, float temperature, Rng &) {
+    drafter_.use_context(context_);
     const int32_t n_block = std::min(n_max + 1, std::max(drafter_.hparams().block_size, 2));
-    Proposal p = drafter_.propose(anchor, pos, n_block, temperature, drafter_.rng());
+    Proposal p = drafter_.propose(anchor, pos, n_block, temperature, rng_);
     Draft out;
     out.tokens = p.tokens;
     out.confidence = pick_confidence(p, drafter_.last_output(), drafter_.hparams().n_vocab_draft);

@@ -9,16 +9,18 @@ namespace dflash {
 
 class DFlashDraftSource : public DraftSource {
 public:
-    DFlashDraftSource(Drafter & drafter, uint64_t seed) : drafter_(drafter), seed_(seed) {}
+    // Drafts on the drafter's context cache `context` (one per sequence slot; weights shared).
+    DFlashDraftSource(Drafter & drafter, int32_t context) : drafter_(drafter), context_(context) {}
 
     std::vector<int32_t> tap_layers() const override { return drafter_.hparams().target_layers; }
-    void begin(const int32_t * prompt, int32_t n_prompt) override;
+    void begin(const int32_t * prompt, int32_t n_prompt, int32_t n_keep, uint64_t seed) override;
     void commit(int32_t pos, int32_t n, const std::vector<const float *> & features) override;
     Draft draft(int32_t anchor, int32_t pos, int32_t n_max, float temperature, Rng & rng) override;
 
 private:
     Drafter & drafter_;
-    uint64_t  seed_;
+    int32_t   context_;
+    std::mt19937_64 rng_;
     std::vector<int32_t> positions_;
 };
 

@@ -26,8 +26,9 @@ public:
 
     // Target layers whose input the source needs for every committed row (empty: none).
     virtual std::vector<int32_t> tap_layers() const { return {}; }
-    // A new generation starts with an empty context.
-    virtual void begin(const int32_t * prompt, int32_t n_prompt) {}
+    // A new generation starts: keep the context rows of positions < n_keep (a reused prompt
+    // prefix), forget the rest; `seed` makes its proposals reproducible per request.
+    virtual void begin(const int32_t * prompt, int32_t n_prompt, int32_t n_keep, uint64_t seed) {}
     // Rows [pos, pos + n) were committed; features[k] holds tap k's rows ([n, n_embd]).
     virtual void commit(int32_t pos, int32_t n, const std::vector<const float *> & features) {}
     // Propose up to n_max tokens following `anchor`, which sits at position `pos`.
@@ -39,7 +40,7 @@ class ReplayDraftSource : public DraftSource {
 public:
     ReplayDraftSource(std::vector<int32_t> continuation, int32_t offset, int32_t n_vocab)
         : script_(std::move(continuation)), offset_(offset), n_vocab_(n_vocab) {}
-    void begin(const int32_t *, int32_t n_prompt) override { n_prompt_ = n_prompt; }
+    void begin(const int32_t *, int32_t n_prompt, int32_t, uint64_t) override { n_prompt_ = n_prompt; }
     Draft draft(int32_t anchor, int32_t pos, int32_t n_max, float temperature, Rng & rng) override;
 
 private:

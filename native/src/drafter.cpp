@@ -44,11 +44,58 @@ dflash_drafter_info Drafter::info() const {
     i.conv_group_size = hp_.conv_group;
     i.selector_rank   = hp_.selector_rank;
     i.selector_top_k  = hp_.selector_top_k;
-    i.n_ctx           = cache_.n_ctx;
+    i.n_ctx           = cache().n_ctx;
     i.n_ctx_used      = n_context();
     i.is_dflash2      = hp_.is_dflash2();
     i.device          = device_name_.c_str();
     return i;
+}
+
+void Drafter::add_context() {
+    const DrafterHparams & hp = hp_;
+    auto slot = std::make_unique<ContextSlot>();
+    ggml_init_params ip = {ggml_tensor_overhead() * size_t(2 * hp.n_layer + 2), nullptr, true};
+    slot->ctx.reset(ggml_init(ip));
+    for (int il = 0; il < hp.n_layer; ++il) {
+        const int64_t rows = int64_t(n_ctx_rows_) + hp.block_size;  // + scratch rows of one block
+        slot->cache.k.push_back(ggml_new_tensor_3d(slot->ctx.get(), GGML_TYPE_F32, hp.head_dim, hp.n_head_kv, rows));
+        slot->cache.v.push_back(ggml_new_tensor_3d(slot->ctx.get(), GGML_TYPE_F32, rows, hp.head_dim, hp.n_head_kv));
+        ggml_format_name(slot->cache.k.back(), "cache_k-%d", il);
+        ggml_format_name(slot->cache.v.back(), "cache_v-%d", il);
+    }
+    slot->buf.reset(ggml_backend_alloc_ctx_tensors(slot->ctx.get(), backend_weights()));
+    if (!slot->buf) {
+        fail(DFLASH_ERR_BACKEND, "cannot allocate a drafter context cache (%d rows) on %s", n_ctx_rows_,
+             device_name_.c_str());
+    }
+    ggml_backend_buffer_clear(slot->buf.get(), 0);
+    slot->cache.n_ctx = n_ctx_rows_;
+    caches_.push_back(std::move(slot));
+}
+
+void Drafter::ensure_contexts(int32_t n) {
+    if (n < 1 || n > 256) {
+        fail(DFLASH_ERR_INVALID_ARGUMENT, "drafter contexts must be 1..256 (got %d)", n);
+    }
+    while (n_contexts() < n) {
+        add_context();
+    }
+}
+
+int32_t Drafter::n_context_before(int32_t pos) const {
+    const auto & p = cache().pos;
+    int32_t n = 0;
+    while (n < int32_t(p.size()) && p[size_t(n)] < pos) {
+        ++n;
+    }
+    return n;
+}
+
+void Drafter::use_context(int32_t index) {
+    if (index < 0 || index >= n_contexts()) {
+        fail(DFLASH_ERR_INVALID_ARGUMENT, "drafter context %d does not exist (%d allocated)", index, n_contexts());
+    }
+    active_ = index;
 }
 
 void Drafter::alloc_graph(ggml_cgraph * gf, const char * what) {
@@ -77,9 +124,9 @@ void Drafter::inject_rows(const int32_t * positions, int32_t n, Fill && fill) {
     if (n < 0 || (n > 0 && !positions)) {
         fail(DFLASH_ERR_INVALID_ARGUMENT, "inject: invalid rows (n = %d)", n);
     }
-    if (n_context() + n > cache_.n_ctx) {
+    if (n_context() + n > cache().n_ctx) {
         fail(DFLASH_ERR_CONTEXT_FULL, "drafter context holds %d rows, %d more do not fit its %d", n_context(), n,
-             cache_.n_ctx);
+             cache().n_ctx);
     }
     for (int32_t i = 0; i < n; ++i) {
         if (positions[i] < 0) {
@@ -90,7 +137,7 @@ void Drafter::inject_rows(const int32_t * positions, int32_t n, Fill && fill) {
     for (int32_t done = 0; done < n;) {
         const int32_t chunk = std::min(n_batch_, n - done);
         ggml_context_ptr ctx = graph_context(graph_meta_);
-        InjectGraph g = build_inject_graph(ctx.get(), hp_, w_, cache_, n_context(), chunk);
+        InjectGraph g = build_inject_graph(ctx.get(), hp_, w_, cache(), n_context(), chunk);
         alloc_graph(g.gf, "injection");
         rows.resize(size_t(chunk) * hp_.n_feat());
         fill(done, chunk, rows.data());
@@ -98,7 +145,7 @@ void Drafter::inject_rows(const int32_t * positions, int32_t n, Fill && fill) {
         ggml_backend_tensor_set(g.in.features, rows.data(), 0, rows.size() * sizeof(float));
         ggml_backend_tensor_set(g.in.positions, positions + done, 0, size_t(chunk) * sizeof(int32_t));
         compute(g.gf);
-        cache_.pos.insert(cache_.pos.end(), positions + done, positions + done + chunk);
+        cache().pos.insert(cache().pos.end(), positions + done, positions + done + chunk);
         done += chunk;
     }
 }
@@ -139,7 +186,7 @@ void Drafter::crop(int32_t n_keep) {
         fail(DFLASH_ERR_INVALID_ARGUMENT, "crop: negative row count %d", n_keep);
     }
     if (n_keep < n_context()) {
-        cache_.pos.resize(n_keep);  // rows past n_keep are simply overwritten by later injections
+        cache().pos.resize(n_keep);  // rows past n_keep are simply overwritten by later injections
     }
 }
 
@@ -162,7 +209,7 @@ const BlockOutput & Drafter::forward_block(int32_t anchor, int32_t start_pos, in
         pos[i] = start_pos + i;
     }
     // visibility of key j (context rows, then block rows) from block query i
-    std::vector<int32_t> k_pos(cache_.pos);
+    std::vector<int32_t> k_pos(cache().pos);
     k_pos.insert(k_pos.end(), pos.begin(), pos.end());
     const float inf = std::numeric_limits<float>::infinity();
     std::vector<float> mask_full(size_t(n_kv) * n_block), mask_swa(size_t(n_kv) * n_block);
@@ -179,7 +226,7 @@ const BlockOutput & Drafter::forward_block(int32_t anchor, int32_t start_pos, in
     }
 
     ggml_context_ptr ctx = graph_context(graph_meta_);
-    BlockGraph g = build_block_graph(ctx.get(), hp_, w_, cache_, n_past, n_block, exact_head_);
+    BlockGraph g = build_block_graph(ctx.get(), hp_, w_, cache(), n_past, n_block, exact_head_);
     alloc_graph(g.gf, "block");
     ggml_backend_tensor_set(g.in.tokens, tokens.data(), 0, tokens.size() * sizeof(int32_t));
     ggml_backend_tensor_set(g.in.positions, pos.data(), 0, pos.size() * sizeof(int32_t));

@@ -112,7 +112,16 @@ public:
 
     const DrafterHparams & hparams() const { return hp_; }
     dflash_drafter_info info() const;
-    int32_t n_context() const { return int32_t(cache_.pos.size()); }
+    int32_t n_context() const { return int32_t(cache().pos.size()); }
+
+    // Context caches: one per sequence the drafter serves (weights are shared). Context 0 exists
+    // from load; the C API's inject/crop/propose work on the selected context.
+    int32_t n_contexts() const { return int32_t(caches_.size()); }
+    void    ensure_contexts(int32_t n);   // allocate contexts up to n (each n_ctx rows)
+    void    use_context(int32_t index);   // later inject/crop/forward calls act on this one
+    int32_t context() const { return active_; }
+    // Rows of the selected context at positions < pos (rows are injected in position order).
+    int32_t n_context_before(int32_t pos) const;
 
     // Append feature rows [n, L*H] (row-major F32) at `positions` to the context cache.
     // Non-finite values are sanitised (NaN -> 0, clamp to +-65504) before fusing.
@@ -148,7 +157,18 @@ private:
 
     DrafterHparams hp_;
     DrafterWeights w_;
-    DrafterCache   cache_;
+    // one context cache per served sequence (its tensors live in its own device buffer)
+    struct ContextSlot {
+        DrafterCache            cache;
+        ggml_context_ptr        ctx;
+        ggml_backend_buffer_ptr buf;
+    };
+    std::vector<std::unique_ptr<ContextSlot>> caches_;
+    int32_t        active_ = 0;
+    int32_t        n_ctx_rows_ = 0;  // rows each context holds
+    DrafterCache & cache() { return caches_[size_t(active_)]->cache; }
+    const DrafterCache & cache() const { return caches_[size_t(active_)]->cache; }
+    void add_context();
     BlockOutput    out_;
     std::vector<int32_t> d2t_;  // draft id -> target id (empty: identity)
     int32_t        n_threads_ = 1;
@@ -174,8 +194,6 @@ private:
     ggml_backend_buffer_ptr     buf_target_;
     ggml_context_ptr            ctx_head_;      // the target's head copied to a non-CPU device
     ggml_backend_buffer_ptr     buf_head_;
-    ggml_context_ptr            ctx_cache_;     // on the device
-    ggml_backend_buffer_ptr     buf_cache_;
     std::vector<uint8_t>        graph_meta_;  // scratch for graph tensor headers
 
     friend struct DrafterLoader;

@@ -507,25 +507,9 @@ std::unique_ptr<Drafter> Drafter::load(const char * path, const char * target_pa
         d->w_.output = head;
     }
 
-    // Context cache: committed rows only.
-    {
-        ggml_init_params ip = {ggml_tensor_overhead() * size_t(2 * hp.n_layer + 2), nullptr, true};
-        d->ctx_cache_.reset(ggml_init(ip));
-        for (int il = 0; il < hp.n_layer; ++il) {
-            const int64_t rows = int64_t(n_ctx) + hp.block_size;  // + scratch rows of one block
-            d->cache_.k.push_back(ggml_new_tensor_3d(d->ctx_cache_.get(), GGML_TYPE_F32, hp.head_dim, hp.n_head_kv, rows));
-            d->cache_.v.push_back(ggml_new_tensor_3d(d->ctx_cache_.get(), GGML_TYPE_F32, rows, hp.head_dim, hp.n_head_kv));
-            ggml_format_name(d->cache_.k.back(), "cache_k-%d", il);
-            ggml_format_name(d->cache_.v.back(), "cache_v-%d", il);
-        }
-        d->buf_cache_.reset(ggml_backend_alloc_ctx_tensors(d->ctx_cache_.get(), d->backend_weights()));
-        if (!d->buf_cache_) {
-            fail(DFLASH_ERR_BACKEND, "cannot allocate the drafter context cache (%d rows) on %s", n_ctx,
-                 d->device_name_.c_str());
-        }
-        ggml_backend_buffer_clear(d->buf_cache_.get(), 0);
-        d->cache_.n_ctx = n_ctx;
-    }
+    // Context cache 0 (committed rows only); more are added per served sequence.
+    d->n_ctx_rows_ = n_ctx;
+    d->add_context();
 
     return d;
 }

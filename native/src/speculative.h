@@ -1,10 +1,10 @@
-// The draft -> verify -> accept loop (one sequence), in C++ so no Python runs per token.
-// With no draft source it is plain autoregressive decoding through the very same code.
+// Whole generations through the scheduler (scheduler.h), and the exact acceptance rule.
 #pragma once
 
 #include "dflash.h"
 #include "draft_source.h"
 #include "output.h"
+#include "drafter.h"
 #include "target.h"
 
 #include <memory>
@@ -18,16 +18,10 @@ struct SpeculativeParams {
     float   p_min = 0.0f;  // greedy: cut the draft before the first pick the drafter gives < p_min
 };
 
-std::unique_ptr<dflash_output> generate(Target & target, DraftSource * drafter, const SpeculativeParams & spec,
-                                        const int32_t * prompt, int32_t n_prompt,
-                                        const dflash_generate_params & params, dflash_token_callback callback,
-                                        void * user_data);
-
-// Several sequences (sequence i on target seq i, sampling with seed + i): each step drafts one
-// block per running sequence and verifies all blocks in one target batch. drafters[i] may be
-// null (plain decoding for that sequence). The callback streams sequence i with user_data[i];
-// returning false stops that sequence only.
-std::vector<std::unique_ptr<dflash_output>> generate_batch(Target & target, const std::vector<DraftSource *> & drafters,
+// Run prompts to completion through one Scheduler (sequence i in slot i, sampling with seed + i)
+// with a fixed n_max: drafts come from `drafter` (may be null: plain decoding) or, for tests, from
+// `source`. The callback streams sequence i with user_data[i]; returning false stops it only.
+std::vector<std::unique_ptr<dflash_output>> generate_batch(Target & target, Drafter * drafter, DraftSource * source,
                                                            const SpeculativeParams & spec,
                                                            const std::vector<const int32_t *> & prompts,
                                                            const std::vector<int32_t> & n_prompts,

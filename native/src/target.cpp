@@ -298,7 +298,7 @@ void Target::decode(int32_t seq_id, const int32_t * tokens, const int32_t * pos,
     run_batch();
 }
 
-void Target::decode_chunks(const std::vector<Chunk> & chunks, bool all_logits) {
+void Target::decode_chunks(const std::vector<Chunk> & chunks) {
     int32_t total = 0;
     for (const auto & c : chunks) {
         check_seq(c.seq_id);
@@ -314,7 +314,8 @@ void Target::decode_chunks(const std::vector<Chunk> & chunks, bool all_logits) {
     for (const auto & c : chunks) {
         const int32_t start = llama_memory_seq_pos_max(llama_get_memory(ctx_), c.seq_id) + 1;
         for (int32_t i = 0; i < c.n; ++i) {
-            add_row(c.seq_id, c.tokens[i], start + i, all_logits || i == c.n - 1);
+            add_row(c.seq_id, c.tokens[i], start + i,
+                    c.logits == LOGITS_ALL || (c.logits == LOGITS_LAST && i == c.n - 1));
         }
     }
     run_batch();

@@ -42,13 +42,15 @@ public:
     void decode(int32_t seq_id, const int32_t * tokens, const int32_t * pos, int32_t n, bool all_logits);
 
     // Several sequences in one batch: each chunk continues its sequence. Rows are laid out chunk
-    // after chunk; logits are kept for every row (all_logits) or each chunk's last row.
+    // after chunk; each chunk keeps logits of all its rows, its last row, or none.
+    enum ChunkLogits : int8_t { LOGITS_NONE = 0, LOGITS_LAST = 1, LOGITS_ALL = 2 };
     struct Chunk {
         int32_t         seq_id;
         const int32_t * tokens;
         int32_t         n;
+        ChunkLogits     logits = LOGITS_LAST;
     };
-    void decode_chunks(const std::vector<Chunk> & chunks, bool all_logits);
+    void decode_chunks(const std::vector<Chunk> & chunks);
 
     const float * logits(int32_t row) const;  // row of the last decode; -1 = last
     int32_t last_n_rows() const { return last_n_rows_; }

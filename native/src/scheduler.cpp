@@ -1,0 +1,710 @@
+#include "scheduler.h"
+
+#include "dflash_draft_source.h"
+#include "error.h"
+#include "speculative.h"
+
+#include <algorithm>
+#include <numeric>
+
+namespace dflash {
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+
+double ms_since(clock_type::time_point t0) {
+    return std::chrono::duration<double, std::milli>(clock_type::now() - t0).count();
+}
+
+// Feature rows kept for a drafter that is not drafting: past this many they are injected anyway
+// (bounds host memory; injection is batched, so it costs little per row).
+constexpr int32_t kMaxPendingRows = 1024;
+
+}  // namespace
+
+// The committed-token side of a generation: output tokens, text stream, stop rules.
+class Committer {
+public:
+    Committer(Target & target, const dflash_generate_params & params, dflash_token_callback callback,
+              void * user_data, dflash_output & out)
+        : target_(target), params_(params), callback_(callback), user_data_(user_data), out_(out),
+          stream_(std::vector<std::string>(params.stop, params.stop + params.n_stop)) {}
+
+    // Commit one token; returns false once generation must stop (stats.stop_reason set).
+    bool push(int32_t token) {
+        auto & st = out_.stats;
+        out_.tokens.push_back(token);
+        st.n_generated++;
+        const bool eos = !params_.ignore_eos && target_.is_eog(token);
+        const bool hit_stop = eos ? false : stream_.push(target_.token_piece(token), released_);
+        if (eos) {
+            released_.clear();
+        }
+        if (callback_ && !callback_(user_data_, token, released_.data(), released_.size())) {
+            st.stop_reason = DFLASH_STOP_CANCELLED;
+        } else if (eos) {
+            st.stop_reason = DFLASH_STOP_EOS;
+        } else if (hit_stop) {
+            st.stop_reason = DFLASH_STOP_STRING;
+        } else if (params_.max_tokens >= 0 && st.n_generated >= params_.max_tokens) {
+            st.stop_reason = DFLASH_STOP_MAX_TOKENS;
+        }
+        return st.stop_reason == DFLASH_STOP_NONE;
+    }
+
+    void finish() {
+        stream_.flush(released_);
+        if (!released_.empty() && callback_ && out_.stats.stop_reason != DFLASH_STOP_CANCELLED) {
+            callback_(user_data_, -1, released_.data(), released_.size());
+        }
+        out_.text = stream_.text();
+    }
+
+private:
+    Target & target_;
+    const dflash_generate_params & params_;
+    dflash_token_callback callback_;
+    void * user_data_;
+    dflash_output & out_;
+    TextStream stream_;
+    std::string released_;
+};
+
+// A target sequence slot: its KV (what the target holds at positions 0..), the drafter context of
+// the same index, and the target features of committed rows the drafter has not taken in yet.
+struct Scheduler::Slot {
+    int32_t index = 0;
+    std::vector<int32_t> kv;       // tokens decoded at positions 0..kv.size()-1
+    DraftSource * kv_source = nullptr;  // the draft source whose context matches kv (null: none)
+    std::unique_ptr<DFlashDraftSource> dflash;
+    int32_t pending_pos = 0;       // position of the first pending feature row
+    int32_t n_pending = 0;
+    std::vector<std::vector<float>> pending;  // per tap: [n_pending x n_embd]
+    int32_t owner = 0;             // id of the sequence using it (0: free)
+    uint64_t last_used = 0;
+};
+
+struct Scheduler::Sequence {
+    enum State { QUEUED, PREFILL, DECODE, DONE };
+    int32_t id = 0;
+    State state = QUEUED;
+    std::vector<int32_t> prompt;
+    RequestParams req;
+    std::vector<const char *> stop_ptrs;
+    dflash_token_callback callback = nullptr;
+    void * user_data = nullptr;
+    Slot * slot = nullptr;
+    DraftSource * source = nullptr;
+    Rng rng;
+    std::unique_ptr<dflash_output> out = std::make_unique<dflash_output>();
+    std::unique_ptr<Committer> committer;
+    int32_t n_prefilled = 0;  // prompt tokens decoded
+    int32_t n_past = 0;       // positions < n_past are committed and decoded
+    int32_t anchor = -1;      // the last committed token, not yet decoded
+    bool    cancel = false;
+    Draft   draft;
+    int32_t row0 = 0, n_rows = 0;  // this step's rows in the batch
+    AcceptanceCounts counts{16};
+    clock_type::time_point t_added, t_started;
+};
+
+Scheduler::Scheduler(Target & target, Drafter * drafter, const SchedulerParams & params)
+    : target_(target), drafter_(drafter), params_(params),
+      n_batch_(params.n_batch > 0 ? std::min(params.n_batch, target.n_batch()) : target.n_batch()),
+      max_width_(drafter ? std::max(1, std::min(drafter->hparams().block_size - 1, 15)) : 15),
+      policy_(max_width_, n_batch_) {
+    if (params.n_max < -1) {
+        fail(DFLASH_ERR_INVALID_ARGUMENT, "n_max must be >= 0, or -1 for auto (got %d)", params.n_max);
+    }
+    if (params.n_min < 0 || (params.n_max >= 0 && params.n_min > params.n_max)) {
+        fail(DFLASH_ERR_INVALID_ARGUMENT, "need 0 <= n_min <= n_max (got n_min %d, n_max %d)", params.n_min,
+             params.n_max);
+    }
+    if (!(params.p_min >= 0.0f && params.p_min <= 1.0f)) {
+        fail(DFLASH_ERR_INVALID_ARGUMENT, "p_min must be in [0, 1] (got %g)", params.p_min);
+    }
+    if (params.n_batch < 0) {
+        fail(DFLASH_ERR_INVALID_ARGUMENT, "n_batch must be >= 0 (got %d)", params.n_batch);
+    }
+    const int32_t n_seq = target.info().n_seq_max;
+    if (n_batch_ < n_seq) {
+        fail(DFLASH_ERR_INVALID_ARGUMENT, "the batch (%d rows) must hold one row of each of the %d sequences",
+             n_batch_, n_seq);
+    }
+    if (drafter) {
+        drafter->ensure_contexts(n_seq);
+    }
+    for (int32_t i = 0; i < n_seq; ++i) {
+        auto slot = std::make_unique<Slot>();
+        slot->index = i;
+        if (drafter) {
+            slot->dflash = std::make_unique<DFlashDraftSource>(*drafter, i);
+        }
+        slots_.push_back(std::move(slot));
+    }
+    // the target's KV of every slot starts empty: what another user of the target left is not ours
+    for (int32_t i = 0; i < n_seq; ++i) {
+        target_.rollback(i, 0);
+    }
+    if (drafter) {
+        tap_layers_ = drafter->hparams().target_layers;
+    }
+    target_.set_taps({});
+}
+
+Scheduler::~Scheduler() = default;
+
+Scheduler::Sequence * Scheduler::find(int32_t id) const {
+    for (const auto & s : seqs_) {
+        if (s->id == id) {
+            return s.get();
+        }
+    }
+    return nullptr;
+}
+
+int32_t Scheduler::add(const int32_t * prompt, int32_t n_prompt, RequestParams req, dflash_token_callback callback,
+                       void * user_data) {
+    validate_sampling_params(req.gen.sampling);
+    if (n_prompt <= 0 || !prompt) {
+        fail(DFLASH_ERR_INVALID_ARGUMENT, "the prompt is empty");
+    }
+    for (int32_t i = 0; i < n_prompt; ++i) {
+        target_.check_token(prompt[i]);
+    }
+    if (n_prompt >= target_.n_ctx()) {
+        fail(DFLASH_ERR_CONTEXT_FULL, "the prompt has %d tokens but the context holds %d (leave room to generate)",
+             n_prompt, target_.n_ctx());
+    }
+    if (req.gen.n_stop < 0 || (req.gen.n_stop > 0 && !req.gen.stop)) {
+        fail(DFLASH_ERR_INVALID_ARGUMENT, "invalid stop string list");
+    }
+    if (req.stop.empty()) {
+        for (int32_t i = 0; i < req.gen.n_stop; ++i) {
+            if (!req.gen.stop[i] || !req.gen.stop[i][0]) {
+                fail(DFLASH_ERR_INVALID_ARGUMENT, "stop string %d is empty", i);
+            }
+            req.stop.emplace_back(req.gen.stop[i]);
+        }
+    }
+    if (req.n_max < -1) {
+        fail(DFLASH_ERR_INVALID_ARGUMENT, "a request's n_max must be >= 0, or -1 for the scheduler's (got %d)",
+             req.n_max);
+    }
+    if (req.n_min < -1 || (req.n_min > 0 && req.n_max >= 0 && req.n_min > req.n_max)) {
+        fail(DFLASH_ERR_INVALID_ARGUMENT, "need 0 <= n_min <= n_max (got n_min %d, n_max %d)", req.n_min, req.n_max);
+    }
+    if (!(req.p_min <= 1.0f)) {
+        fail(DFLASH_ERR_INVALID_ARGUMENT, "p_min must be in [0, 1] (got %g)", req.p_min);
+    }
+    if (req.slot < -1 || req.slot >= int32_t(slots_.size())) {
+        fail(DFLASH_ERR_INVALID_ARGUMENT, "slot %d is outside 0..%zu", req.slot, slots_.size() - 1);
+    }
+    auto s = std::make_unique<Sequence>();
+    s->id = next_id_++;
+    if (next_id_ <= 0) {
+        next_id_ = 1;
+    }
+    s->prompt.assign(prompt, prompt + n_prompt);
+    s->req = std::move(req);
+    for (const auto & st : s->req.stop) {
+        s->stop_ptrs.push_back(st.c_str());
+    }
+    s->req.gen.stop = s->stop_ptrs.empty() ? nullptr : s->stop_ptrs.data();
+    s->req.gen.n_stop = int32_t(s->stop_ptrs.size());
+    s->callback = callback;
+    s->user_data = user_data;
+    s->rng.reseed(s->req.gen.sampling.seed);
+    s->committer = std::make_unique<Committer>(target_, s->req.gen, callback, user_data, *s->out);
+    s->out->stats.n_prompt = n_prompt;
+    s->t_added = clock_type::now();
+    const int32_t id = s->id;
+    seqs_.push_back(std::move(s));
+    return id;
+}
+
+void Scheduler::cancel(int32_t id) {
+    Sequence * s = find(id);
+    if (!s) {
+        fail(DFLASH_ERR_INVALID_ARGUMENT, "no sequence %d", id);
+    }
+    s->cancel = true;
+}
+
+std::vector<int32_t> Scheduler::finished() const {
+    std::vector<int32_t> out;
+    for (const auto & s : seqs_) {
+        if (s->state == Sequence::DONE) {
+            out.push_back(s->id);
+        }
+    }
+    return out;
+}
+
+std::unique_ptr<dflash_output> Scheduler::take(int32_t id) {
+    for (auto it = seqs_.begin(); it != seqs_.end(); ++it) {
+        if ((*it)->id == id) {
+            if ((*it)->state != Sequence::DONE) {
+                fail(DFLASH_ERR_INVALID_ARGUMENT, "sequence %d has not finished", id);
+            }
+            auto out = std::move((*it)->out);
+            seqs_.erase(it);
+            return out;
+        }
+    }
+    fail(DFLASH_ERR_INVALID_ARGUMENT, "no sequence %d", id);
+}
+
+int32_t Scheduler::n_pending() const {
+    int32_t n = 0;
+    for (const auto & s : seqs_) {
+        n += s->state != Sequence::DONE ? 1 : 0;
+    }
+    return n;
+}
+
+void Scheduler::slot_info(int32_t slot, dflash_slot_info * out) const {
+    if (slot < 0 || slot >= int32_t(slots_.size())) {
+        fail(DFLASH_ERR_INVALID_ARGUMENT, "slot %d is outside 0..%zu", slot, slots_.size() - 1);
+    }
+    const Slot & sl = *slots_[size_t(slot)];
+    *out = dflash_slot_info{};
+    out->id = sl.owner;
+    out->n_cached = int32_t(sl.kv.size());
+    if (const Sequence * s = sl.owner ? find(sl.owner) : nullptr) {
+        out->state = s->state == Sequence::PREFILL ? 1 : s->state == Sequence::DECODE ? 2 : 0;
+        out->n_prompt = int32_t(s->prompt.size());
+        out->n_prefilled = s->n_prefilled;
+        out->n_generated = s->out->stats.n_generated;
+        out->n_past = s->n_past;
+    }
+}
+
+// -- admission -------------------------------------------------------------------------------
+
+void Scheduler::admit() {
+    for (auto & sp : seqs_) {
+        Sequence & s = *sp;
+        if (s.state != Sequence::QUEUED) {
+            continue;
+        }
+        Slot * best = nullptr;
+        size_t best_common = 0;
+        for (auto & slot : slots_) {
+            if (slot->owner != 0 || (s.req.slot >= 0 && slot->index != s.req.slot)) {
+                continue;
+            }
+            size_t common = 0;
+            if (s.req.cache_prompt) {
+                const size_t n = std::min(slot->kv.size(), s.prompt.size());
+                while (common < n && slot->kv[common] == s.prompt[common]) {
+                    ++common;
+                }
+            }
+            if (!best || common > best_common || (common == best_common && slot->last_used < best->last_used)) {
+                best = slot.get();
+                best_common = common;
+            }
+        }
+        if (!best) {
+            continue;  // every slot busy: waits for the next step
+        }
+        start_prefill(s, *best);
+    }
+}
+
+void Scheduler::start_prefill(Sequence & s, Slot & slot) {
+    slot.owner = s.id;
+    s.slot = &slot;
+    s.source = s.req.draft_source ? s.req.draft_source : slot.dflash.get();
+    if (s.req.n_max == 0 || (s.req.n_max < 0 && params_.n_max == 0)) {
+        s.source = s.req.draft_source;  // plain decoding: the drafter is not run at all
+    }
+    // the KV this slot holds is reused up to the longest common prefix, but never the whole
+    // prompt: its last token is decoded again for the first token's logits
+    if (target_.seq_pos_max(slot.index) + 1 != int32_t(slot.kv.size())) {
+        slot.kv.clear();  // someone else used the target's sequence in between
+    }
+    size_t keep = 0;
+    if (s.req.cache_prompt) {
+        while (keep < slot.kv.size() && keep < s.prompt.size() && slot.kv[keep] == s.prompt[keep]) {
+            ++keep;
+        }
+        keep = std::min(keep, s.prompt.size() - 1);
+    }
+    DraftSource * features_of = slot.dflash.get();  // the only source whose context needs features
+    if (keep > 0 && s.source == features_of && slot.kv_source != features_of) {
+        keep = 0;  // the drafter context does not cover the cached rows
+    }
+    target_.rollback(slot.index, int32_t(keep));
+    slot.kv.resize(keep);
+    slot.kv_source = s.source == features_of ? features_of : nullptr;
+    slot.n_pending = std::max(0, std::min(slot.n_pending, int32_t(keep) - slot.pending_pos));
+    if (slot.n_pending == 0) {
+        slot.pending_pos = int32_t(keep);
+    }
+    if (s.source) {
+        s.source->begin(s.prompt.data(), int32_t(s.prompt.size()), int32_t(keep), s.req.gen.sampling.seed);
+    }
+    s.n_prefilled = int32_t(keep);
+    s.n_past = int32_t(keep);
+    s.out->stats.n_cached = int32_t(keep);
+    s.state = Sequence::PREFILL;
+    s.t_started = clock_type::now();
+}
+
+// -- features for the drafter ------------------------------------------------------------------
+
+void Scheduler::keep_features(Slot & slot, int32_t first_row, int32_t pos, int32_t n) {
+    const auto & taps = target_.taps();
+    if (!taps_on_ || taps.empty() || n <= 0) {
+        return;  // rows decoded without capture stay missing from the drafter context
+    }
+    if (slot.n_pending > 0 && slot.pending_pos + slot.n_pending != pos) {
+        flush_features(slot, *slot.dflash);  // after a gap: what was kept goes in first
+    }
+    if (slot.n_pending == 0) {
+        slot.pending_pos = pos;
+    }
+    const size_t H = size_t(target_.n_embd());
+    slot.pending.resize(taps.size());
+    for (size_t k = 0; k < taps.size(); ++k) {
+        int32_t n_rows = 0;
+        const float * rows = target_.tap_rows(int32_t(k), &n_rows) + size_t(first_row) * H;
+        auto & dst = slot.pending[k];
+        dst.resize(size_t(slot.n_pending) * H);
+        dst.insert(dst.end(), rows, rows + size_t(n) * H);
+    }
+    slot.n_pending += n;
+    if (slot.n_pending > kMaxPendingRows && slot.dflash && slot.kv_source == slot.dflash.get()) {
+        flush_features(slot, *slot.dflash);
+    }
+}
+
+void Scheduler::flush_features(Slot & slot, DraftSource & src) {
+    if (slot.n_pending <= 0) {
+        return;
+    }
+    std::vector<const float *> taps;
+    for (const auto & t : slot.pending) {
+        taps.push_back(t.data());
+    }
+    src.commit(slot.pending_pos, slot.n_pending, taps);
+    slot.pending_pos += slot.n_pending;
+    slot.n_pending = 0;
+}
+
+// -- drafting and accepting ----------------------------------------------------------------------
+
+// How many drafts s may verify this step (0: none), from its own limits.
+int32_t Scheduler::draft_cap(const Sequence & s) const {
+    if (!s.source) {
+        return 0;
+    }
+    int32_t k = s.req.n_max >= 0 ? s.req.n_max : params_.n_max >= 0 ? params_.n_max : max_width_;
+    k = std::min(k, max_width_);
+    k = std::min(k, target_.n_ctx() - 1 - s.n_past);
+    if (s.req.gen.max_tokens >= 0) {
+        k = std::min(k, s.req.gen.max_tokens - s.out->stats.n_generated - 1);
+    }
+    return std::max(k, 0);
+}
+
+void Scheduler::draft(Sequence & s, int32_t k, double * t_ms) {
+    Slot & slot = *s.slot;
+    const int32_t n_flushed = slot.n_pending;
+    const auto t0 = clock_type::now();
+    flush_features(slot, *s.source);
+    s.draft = s.source->draft(s.anchor, s.n_past, k, s.req.gen.sampling.temperature, s.rng);
+    *t_ms = ms_since(t0);
+    s.out->stats.t_draft_ms += *t_ms;
+    if (n_flushed > 2 * (max_width_ + 1)) {
+        *t_ms = -1.0;  // a catch-up injection after drafting was off: not a block's usual cost
+    }
+    if (int32_t(s.draft.tokens.size()) > k) {
+        s.draft.tokens.resize(size_t(k));
+    }
+    const float p_min = s.req.p_min >= 0.0f ? s.req.p_min : params_.p_min;
+    const int32_t n_min = s.req.n_min >= 0 ? s.req.n_min : params_.n_min;
+    if (p_min > 0.0f && s.req.gen.sampling.temperature <= 0.0f) {
+        const auto & conf = s.draft.confidence;
+        for (size_t j = 0; j < std::min(conf.size(), s.draft.tokens.size()); ++j) {
+            if (conf[j] < p_min) {
+                s.draft.tokens.resize(j);
+                break;
+            }
+        }
+    }
+    if (int32_t(s.draft.tokens.size()) < std::max(n_min, 1)) {
+        s.draft.tokens.clear();
+    }
+}
+
+// Accept the longest verified prefix of s's draft and the target's own next token; commit them.
+void Scheduler::accept(Sequence & s) {
+    auto & st = s.out->stats;
+    const auto t0 = clock_type::now();
+    const int32_t n_draft = int32_t(s.draft.tokens.size());
+    const dflash_sampling_params & sp = s.req.gen.sampling;
+    int32_t n_acc = 0;
+    int32_t next = -1;
+    for (; n_acc < n_draft; ++n_acc) {
+        const float * row = target_.logits(s.row0 + n_acc);
+        const int32_t y = s.draft.tokens[size_t(n_acc)];
+        if (sp.temperature <= 0.0f) {
+            next = argmax(row, target_.n_vocab());
+            if (next != y) {
+                break;
+            }
+        } else {
+            build_distribution(row, target_.n_vocab(), sp, p_row_);
+            if (!accept_or_resample(p_row_, s.draft.q.at(size_t(n_acc)), y, s.rng, &next)) {
+                break;
+            }
+        }
+        next = -1;
+    }
+    if (next < 0) {  // all drafts accepted (or none proposed): the bonus token
+        next = sample_token(target_.logits(s.row0 + n_draft), target_.n_vocab(), sp, s.rng, p_row_);
+    }
+    st.n_accepted += n_acc;
+    st.n_drafted += n_draft;
+    for (int32_t i = 0; i < std::min(n_acc, 16); ++i) {
+        st.n_accepted_per_pos[i]++;
+    }
+    if (n_draft > 0) {
+        s.counts.observe(n_draft, n_acc);
+        policy_.observe_accept(n_draft, n_acc);
+    }
+    // rows 0..n_acc of the block stay in the caches, the rest is rolled back
+    const int32_t n_commit = n_acc + 1;
+    Slot & slot = *s.slot;
+    if (s.source && slot.kv_source == s.source) {
+        keep_features(slot, s.row0, s.n_past, n_commit);
+    } else if (s.source) {
+        std::vector<const float *> none;
+        s.source->commit(s.n_past, n_commit, none);
+    }
+    if (n_commit < n_draft + 1) {
+        target_.rollback(slot.index, s.n_past + n_commit);
+    }
+    slot.kv.push_back(s.anchor);
+    slot.kv.insert(slot.kv.end(), s.draft.tokens.begin(), s.draft.tokens.begin() + n_acc);
+    s.n_past += n_commit;
+    st.t_accept_ms += ms_since(t0);
+    bool running = true;
+    for (int32_t i = 0; i < n_acc && running; ++i) {
+        running = s.committer->push(s.draft.tokens[size_t(i)]);
+    }
+    if (running) {
+        running = s.committer->push(next);
+    }
+    s.anchor = next;
+    if (!running) {
+        finish(s);
+    }
+}
+
+void Scheduler::finish(Sequence & s) {
+    if (s.state == Sequence::DONE) {
+        return;
+    }
+    s.committer->finish();
+    s.out->stats.t_total_ms = ms_since(s.t_started == clock_type::time_point{} ? s.t_added : s.t_started);
+    s.state = Sequence::DONE;
+    if (s.slot) {
+        s.slot->owner = 0;
+        s.slot->last_used = n_steps_;
+        s.slot = nullptr;
+    }
+}
+
+// -- the step --------------------------------------------------------------------------------
+
+void Scheduler::step(dflash_step_info * info) {
+    *info = dflash_step_info{};
+    const auto t_step = clock_type::now();
+    n_steps_++;
+    for (auto & s : seqs_) {
+        if (s->cancel && s->state != Sequence::DONE) {
+            s->out->stats.stop_reason = DFLASH_STOP_CANCELLED;
+            finish(*s);
+        }
+    }
+    admit();
+
+    std::vector<Sequence *> decoding, prefilling;
+    for (auto & sp : seqs_) {
+        Sequence & s = *sp;
+        if (s.state == Sequence::DECODE) {
+            if (s.n_past >= target_.n_ctx()) {
+                s.out->stats.stop_reason = DFLASH_STOP_CONTEXT;
+                finish(s);
+                continue;
+            }
+            decoding.push_back(&s);
+        } else if (s.state == Sequence::PREFILL) {
+            prefilling.push_back(&s);
+        }
+    }
+
+    // -- the draft width of this step
+    int32_t width = 0;
+    bool probe = false;
+    std::vector<WidthPolicy::Candidate> cands;
+    bool any_source = false;
+    std::vector<WidthPolicy::Candidate> auto_cands;  // sequences whose width the policy picks
+    for (auto * s : decoding) {
+        cands.push_back({draft_cap(*s), &s->counts});
+        any_source = any_source || s->source;
+        if (s->source && s->req.n_max < 0) {
+            auto_cands.push_back(cands.back());
+        }
+    }
+    if (any_source) {
+        width = params_.n_max >= 0 ? std::min(params_.n_max, max_width_)
+                : auto_cands.empty() ? 0 : policy_.choose(auto_cands, &probe);
+    }
+
+    // -- capture the target's features in this step's decode only when the drafter will use them
+    bool need_taps = false;
+    for (auto * s : prefilling) {
+        need_taps = need_taps || (s->source && s->slot->kv_source == s->source);
+    }
+    for (auto * s : decoding) {
+        if (s->source && s->slot->kv_source == s->source) {
+            const bool fixed = s->req.n_max > 0 || params_.n_max > 0;
+            need_taps = need_taps || fixed || (params_.n_max < 0 && (width > 0 || policy_.features_needed()));
+        }
+    }
+    if (need_taps != taps_on_) {
+        target_.set_taps(need_taps ? tap_layers_ : std::vector<int32_t>{});
+        taps_on_ = need_taps;
+    }
+
+    // -- draft: one block per decoding sequence, capped by its limits and the row budget
+    rows_.clear();
+    std::vector<Target::Chunk> chunks;
+    int32_t budget = n_batch_ - int32_t(decoding.size());  // one row each is always there
+    int32_t n_drafting = 0, max_drafts = 0;
+    for (size_t i = 0; i < decoding.size(); ++i) {
+        Sequence & s = *decoding[i];
+        s.draft = Draft{};
+        // a request with its own n_max drafts exactly that (capped); the others take the width
+        const int32_t k = std::min({s.req.n_max >= 0 ? cands[i].cap : std::min(width, cands[i].cap), budget});
+        if (k > 0 && s.source) {
+            double t_ms = 0.0;
+            draft(s, k, &t_ms);
+            info->t_draft_ms += std::max(t_ms, 0.0);
+            if (t_ms >= 0.0 && params_.n_max < 0) {
+                policy_.observe_draft(k, t_ms);
+            }
+            budget -= int32_t(s.draft.tokens.size());
+            n_drafting++;
+            max_drafts = std::max(max_drafts, int32_t(s.draft.tokens.size()));
+        }
+    }
+    for (auto * s : decoding) {
+        s->row0 = int32_t(rows_.size());
+        rows_.push_back(s->anchor);
+        rows_.insert(rows_.end(), s->draft.tokens.begin(), s->draft.tokens.end());
+        s->n_rows = int32_t(s->draft.tokens.size()) + 1;
+    }
+    const int32_t n_decode_rows = int32_t(rows_.size());
+    // -- prefill chunks of new sequences in the rows left (continuous batching)
+    budget = n_batch_ - n_decode_rows;
+    for (auto * s : prefilling) {
+        const int32_t n = std::min(int32_t(s->prompt.size()) - s->n_prefilled, budget);
+        if (n <= 0) {
+            s->n_rows = 0;
+            continue;
+        }
+        s->row0 = int32_t(rows_.size());
+        rows_.insert(rows_.end(), s->prompt.begin() + s->n_prefilled, s->prompt.begin() + s->n_prefilled + n);
+        s->n_rows = n;
+        budget -= n;
+    }
+    for (auto * s : decoding) {
+        chunks.push_back({s->slot->index, rows_.data() + s->row0, s->n_rows,
+                          s->n_rows > 1 ? Target::LOGITS_ALL : Target::LOGITS_LAST});
+    }
+    for (auto * s : prefilling) {
+        if (s->n_rows > 0) {
+            const bool last = s->n_prefilled + s->n_rows == int32_t(s->prompt.size());
+            chunks.push_back({s->slot->index, rows_.data() + s->row0, s->n_rows,
+                              last ? Target::LOGITS_LAST : Target::LOGITS_NONE});
+        }
+    }
+    if (chunks.empty()) {
+        info->n_waiting = n_pending();
+        info->t_step_ms = ms_since(t_step);
+        return;
+    }
+
+    // -- verify (and prefill) in one target batch
+    const auto t_verify = clock_type::now();
+    target_.decode_chunks(chunks);
+    const double verify_ms = ms_since(t_verify);
+    info->t_verify_ms = verify_ms;
+    const int32_t n_prefill_rows = int32_t(rows_.size()) - n_decode_rows;
+    if (n_prefill_rows == 0 && params_.n_max < 0) {
+        policy_.observe_target(n_decode_rows, verify_ms);
+    }
+
+    // -- accept, per decoding sequence
+    for (auto * s : decoding) {
+        auto & st = s->out->stats;
+        st.t_verify_ms += verify_ms;
+        st.n_verify_steps++;
+        const int32_t before = st.n_generated;
+        accept(*s);
+        info->n_committed += st.n_generated - before;
+    }
+    // -- prefill progress; a finished prompt gives the sequence its first token
+    for (auto * s : prefilling) {
+        if (s->n_rows <= 0) {
+            continue;
+        }
+        Slot & slot = *s->slot;
+        if (s->source && slot.kv_source == s->source) {
+            keep_features(slot, s->row0, s->n_prefilled, s->n_rows);
+        }
+        slot.kv.insert(slot.kv.end(), rows_.begin() + s->row0, rows_.begin() + s->row0 + s->n_rows);
+        s->n_prefilled += s->n_rows;
+        s->n_past = s->n_prefilled;
+        if (s->n_prefilled < int32_t(s->prompt.size())) {
+            continue;
+        }
+        auto & st = s->out->stats;
+        s->anchor = sample_token(target_.logits(s->row0 + s->n_rows - 1), target_.n_vocab(), s->req.gen.sampling,
+                                 s->rng, p_row_);
+        st.t_prefill_ms = ms_since(s->t_started);
+        s->state = Sequence::DECODE;
+        if (s->req.gen.max_tokens == 0) {
+            st.stop_reason = DFLASH_STOP_MAX_TOKENS;
+            finish(*s);
+        } else if (!s->committer->push(s->anchor)) {
+            finish(*s);
+        } else {
+            info->n_committed++;
+        }
+    }
+    if (probe) {
+        policy_.probe_done();
+    }
+
+    info->width = max_drafts;
+    info->probe = probe;
+    info->n_rows = int32_t(rows_.size());
+    info->n_prefill_rows = n_prefill_rows;
+    info->n_decoding = int32_t(decoding.size());
+    info->n_drafting = n_drafting;
+    for (const auto & s : seqs_) {
+        info->n_finished += s->state == Sequence::DONE ? 1 : 0;
+    }
+    info->n_waiting = n_pending();
+    info->t_step_ms = ms_since(t_step);
+}
+
+}  // namespace dflash

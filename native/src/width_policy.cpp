@@ -1,0 +1,273 @@
+#include "width_policy.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace dflash {
+
+namespace {
+constexpr double kPrior = 0.5;          // acceptance before any draft was verified
+constexpr double kPriorWeight = 2.0;    // ... worth this many observations
+constexpr double kGlobalWeight = 4.0;   // a sequence's own counts start from the global estimate
+constexpr double kDecay = 0.998;        // global counts follow the workload (half-life ~350 drafts)
+constexpr double kMargin = 1.02;        // speculation must beat plain decoding by 2 % to turn on
+constexpr int32_t kInitialProbes = 2;   // probes right after the first plain steps
+constexpr int32_t kFirstPeriod = 16, kMaxPeriod = 512;
+constexpr int32_t kWarmup = 8;          // steps of features captured before a probe
+
+// running mean that follows recent samples (a busy spell on a shared machine fades out)
+void update_mean(double & mean, int32_t & n, double sample) {
+    n = std::min(n + 1, 1 << 20);
+    const double w = std::max(1.0 / n, 0.1);
+    mean = n == 1 ? sample : mean + w * (sample - mean);
+}
+}  // namespace
+
+void AcceptanceCounts::observe(int32_t n_offered, int32_t n_accepted) {
+    const int32_t n = std::min<int32_t>(n_offered, int32_t(offered.size()));
+    for (int32_t j = 0; j < n; ++j) {
+        offered[size_t(j)] += 1.0;
+        if (j < n_accepted) {
+            accepted[size_t(j)] += 1.0;
+        } else {
+            break;  // later positions were not reached
+        }
+    }
+}
+
+void AcceptanceCounts::decay(double factor) {
+    for (auto & x : offered) x *= factor;
+    for (auto & x : accepted) x *= factor;
+}
+
+WidthPolicy::WidthPolicy(int32_t max_width, int32_t max_rows)
+    : max_width_(std::max(0, std::min(max_width, 15))), max_rows_(std::max(1, std::min(max_rows, 256))),
+      t_rows_(size_t(max_rows_) + 1, 0.0), n_rows_(size_t(max_rows_) + 1, 0),
+      t_draft_(size_t(max_width_) + 1, 0.0), n_draft_(size_t(max_width_) + 1, 0), global_(16) {}
+
+void WidthPolicy::observe_target(int32_t rows, double t_ms) {
+    if (rows >= 1 && rows <= max_rows_ && t_ms > 0.0) {
+        update_mean(t_rows_[size_t(rows)], n_rows_[size_t(rows)], t_ms);
+    }
+}
+
+void WidthPolicy::observe_draft(int32_t width, double t_ms) {
+    if (width >= 1 && width <= max_width_ && t_ms > 0.0) {
+        update_mean(t_draft_[size_t(width)], n_draft_[size_t(width)], t_ms);
+    }
+}
+
+void WidthPolicy::observe_accept(int32_t n_offered, int32_t n_accepted) {
+    if (n_offered <= 0) {
+        return;
+    }
+    global_.decay(kDecay);
+    global_.observe(n_offered, n_accepted);
+}
+
+void WidthPolicy::probe_done() {
+    steps_since_probe_ = 0;
+    n_probes_++;
+}
+
+double WidthPolicy::target_ms(int32_t rows) const {
+    if (rows < 1) {
+        return 0.0;
+    }
+    rows = std::min(rows, max_rows_);
+    if (n_rows_[size_t(rows)] > 0) {
+        return t_rows_[size_t(rows)];
+    }
+    int32_t lo = -1, lo2 = -1, hi = -1;
+    for (int32_t r = rows - 1; r >= 1; --r) {
+        if (n_rows_[size_t(r)] > 0) {
+            if (lo < 0) {
+                lo = r;
+            } else {
+                lo2 = r;
+                break;
+            }
+        }
+    }
+    for (int32_t r = rows + 1; r <= max_rows_; ++r) {
+        if (n_rows_[size_t(r)] > 0) {
+            hi = r;
+            break;
+        }
+    }
+    if (lo > 0 && hi > 0) {  // between two measured row counts
+        const double f = double(rows - lo) / double(hi - lo);
+        return t_rows_[size_t(lo)] + f * (t_rows_[size_t(hi)] - t_rows_[size_t(lo)]);
+    }
+    if (lo > 0 && lo2 > 0) {  // past the largest: the measured slope (more rows never cost less)
+        const double slope = std::max(0.0, (t_rows_[size_t(lo)] - t_rows_[size_t(lo2)]) / double(lo - lo2));
+        return t_rows_[size_t(lo)] + slope * double(rows - lo);
+    }
+    if (hi > 0 && lo < 0) {  // below the smallest measured: no more than it
+        return t_rows_[size_t(hi)];
+    }
+    return -1.0;  // one point or none: unknown
+}
+
+double WidthPolicy::draft_ms(int32_t width) const {
+    if (width < 1 || width > max_width_) {
+        return 0.0;
+    }
+    if (n_draft_[size_t(width)] > 0) {
+        return t_draft_[size_t(width)];
+    }
+    // the nearest measured width (a block's cost changes little with its length)
+    for (int32_t d = 1; d <= max_width_; ++d) {
+        for (int32_t w : {width - d, width + d}) {
+            if (w >= 1 && w <= max_width_ && n_draft_[size_t(w)] > 0) {
+                return t_draft_[size_t(w)];
+            }
+        }
+    }
+    return -1.0;
+}
+
+std::vector<double> WidthPolicy::alphas(const AcceptanceCounts * own) const {
+    std::vector<double> a(size_t(max_width_) + 1, kPrior);
+    double last = kPrior;
+    for (int32_t j = 0; j < max_width_; ++j) {
+        const double off = global_.offered[size_t(j)], acc = global_.accepted[size_t(j)];
+        if (off > 0.0) {
+            last = (acc + kPrior * kPriorWeight) / (off + kPriorWeight);
+        }
+        double aj = last;  // a position never offered takes the last estimate
+        if (own && own->offered[size_t(j)] > 0.0) {
+            aj = (own->accepted[size_t(j)] + aj * kGlobalWeight) / (own->offered[size_t(j)] + kGlobalWeight);
+        }
+        a[size_t(j)] = aj;
+    }
+    return a;
+}
+
+double WidthPolicy::expected_tokens(const Candidate & c, int32_t width) const {
+    const int32_t k = std::min(width, c.cap);
+    const auto a = alphas(c.counts);
+    double total = 1.0, run = 1.0;
+    for (int32_t j = 0; j < k; ++j) {
+        run *= a[size_t(j)];
+        total += run;
+    }
+    return total;
+}
+
+double WidthPolicy::throughput(const std::vector<Candidate> & seqs, int32_t width) const {
+    int32_t rows = 0, n_drafting = 0;
+    double tokens = 0.0;
+    for (const auto & c : seqs) {
+        const int32_t k = std::min(width, c.cap);
+        rows += 1 + k;
+        n_drafting += k > 0 ? 1 : 0;
+        tokens += width == 0 ? 1.0 : expected_tokens(c, width);
+    }
+    const double t_target = target_ms(rows);
+    const double t_draft = width == 0 ? 0.0 : draft_ms(width);
+    if (t_target <= 0.0 || t_draft < 0.0) {
+        return -1.0;  // unknown
+    }
+    return tokens / (t_target + double(n_drafting) * t_draft);
+}
+
+int32_t WidthPolicy::choose(const std::vector<Candidate> & seqs, bool * probe) {
+    *probe = false;
+    n_steps_++;
+    steps_since_probe_++;
+    int32_t cap = 0;
+    for (const auto & c : seqs) {
+        cap = std::max(cap, c.cap);
+    }
+    cap = std::min(cap, max_width_);
+    if (cap <= 0 || seqs.empty()) {
+        return 0;
+    }
+    const double plain = throughput(seqs, 0);
+    if (plain <= 0.0) {
+        return 0;  // plain decoding's cost is measured first
+    }
+    int32_t best = 0, best_probe = 0;
+    double best_s = plain, best_probe_s = -1.0;
+    for (int32_t w = 1; w <= cap; ++w) {
+        const double s = throughput(seqs, w);
+        if (s > best_probe_s) {
+            best_probe_s = s;
+            best_probe = w;
+        }
+        if (s > best_s * (best == 0 ? kMargin : 1.0)) {
+            best_s = s;
+            best = w;
+        }
+    }
+    if (best > 0) {
+        probe_period_ = kFirstPeriod;
+        last_width_ = best;
+        return best;
+    }
+    // speculation does not pay by the estimates: probe now and then, the more rarely the further
+    // the best width is from paying (a probe costs about what it misses)
+    const double ratio = best_probe_s > 0.0 ? best_probe_s / plain : 1.0;
+    base_period_ = ratio < 0.6 ? 128 : ratio < 0.85 ? 64 : kFirstPeriod;
+    last_width_ = 0;
+    const bool initial = n_probes_ < kInitialProbes && steps_since_probe_ >= 2;
+    const int32_t period = std::max(probe_period_, base_period_);
+    if (initial || steps_since_probe_ >= period) {
+        if (!initial) {
+            probe_period_ = std::min(period * 2, kMaxPeriod);
+        }
+        *probe = true;
+        last_width_ = best_probe_s > 0.0 ? best_probe : 1;  // unknown costs: the cheapest probe
+        return last_width_;
+    }
+    return 0;
+}
+
+bool WidthPolicy::features_needed() const {
+    return last_width_ > 0 || n_probes_ < kInitialProbes ||
+           steps_since_probe_ + kWarmup >= std::max(probe_period_, base_period_);
+}
+
+void WidthPolicy::save(dflash_tuning * out) const {
+    *out = dflash_tuning{};
+    for (int32_t r = 1; r <= max_rows_ && r <= 256; ++r) {
+        out->t_rows_ms[r - 1] = n_rows_[size_t(r)] > 0 ? float(t_rows_[size_t(r)]) : 0.0f;
+    }
+    for (int32_t w = 1; w <= max_width_; ++w) {
+        out->t_draft_ms[w - 1] = n_draft_[size_t(w)] > 0 ? float(t_draft_[size_t(w)]) : 0.0f;
+    }
+    for (size_t j = 0; j < 16; ++j) {
+        out->offered[j] = float(global_.offered[j]);
+        out->accepted[j] = float(global_.accepted[j]);
+    }
+}
+
+void WidthPolicy::load(const dflash_tuning & in) {
+    for (int32_t r = 1; r <= max_rows_ && r <= 256; ++r) {
+        const float t = in.t_rows_ms[r - 1];
+        if (std::isfinite(t) && t > 0.0f) {
+            t_rows_[size_t(r)] = t;
+            n_rows_[size_t(r)] = 1;
+        }
+    }
+    for (int32_t w = 1; w <= max_width_; ++w) {
+        const float t = in.t_draft_ms[w - 1];
+        if (std::isfinite(t) && t > 0.0f) {
+            t_draft_[size_t(w)] = t;
+            n_draft_[size_t(w)] = 1;
+        }
+    }
+    for (size_t j = 0; j < 16; ++j) {
+        const float off = in.offered[j], acc = in.accepted[j];
+        if (std::isfinite(off) && std::isfinite(acc) && off >= 0.0f && acc >= 0.0f && acc <= off) {
+            global_.offered[j] = off;
+            global_.accepted[j] = acc;
+        }
+    }
+    if (global_.n_observed() > 0.0) {
+        n_probes_ = kInitialProbes;  // learned before: no cold-start probes
+    }
+}
+
+}  // namespace dflash

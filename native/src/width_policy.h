@@ -1,0 +1,88 @@
+// How many drafts each sequence verifies in the next step (the draft width), chosen inside the
+// scheduler's loop from what the loop itself measures.
+//
+// A step that verifies width w for n sequences decodes R = sum_s (1 + k_s) target rows,
+// k_s = min(w, cap_s), and drafts n blocks. With a_{s,j} the probability that sequence s's j-th
+// draft is accepted given the earlier ones were,
+//
+//     expected tokens     E(w) = sum_s (1 + sum_{i<=k_s} prod_{j<=i} a_{s,j})
+//     expected time       C(w) = T(R) + n * D(w)          (T: target batch, D: one drafter block)
+//     throughput          E(w) / C(w),          w = 0: n / T(n), the drafter is not run at all
+//
+// T(R) is learned per row count from every step (running mean of recent steps, interpolated
+// between measured row counts, extrapolated with the measured slope), D(w) per width, a_j from
+// every verified draft (decaying counts; per sequence on top of the global estimate). While no
+// width beats plain decoding, a probe step (the best w >= 1) runs now and then, at first after the
+// first plain steps, then at a period that doubles each time a probe confirms "off".
+#pragma once
+
+#include "dflash.h"
+
+#include <cstdint>
+#include <vector>
+
+namespace dflash {
+
+// Acceptance counts by draft position j (offered: drafts at j verified, accepted: of those).
+struct AcceptanceCounts {
+    std::vector<double> offered, accepted;
+    explicit AcceptanceCounts(int32_t n = 16) : offered(size_t(n), 0.0), accepted(size_t(n), 0.0) {}
+    void observe(int32_t n_offered, int32_t n_accepted);  // one verified draft of n_offered tokens
+    void decay(double factor);
+    double n_observed() const { return offered.empty() ? 0.0 : offered[0]; }
+};
+
+class WidthPolicy {
+public:
+    // max_width: the drafter's block_size - 1; max_rows: the target's batch size
+    WidthPolicy(int32_t max_width, int32_t max_rows);
+
+    struct Candidate {
+        int32_t cap;                      // most drafts this sequence may verify now
+        const AcceptanceCounts * counts;  // the sequence's own counts
+    };
+    // The width of the next step, and whether it is a probe.
+    int32_t choose(const std::vector<Candidate> & seqs, bool * probe);
+
+    // One decode step of `rows` target rows that took t_target_ms (no prefill rows in it).
+    void observe_target(int32_t rows, double t_target_ms);
+    // One drafter block of width w (w + 1 slots) plus its injections, for one sequence.
+    void observe_draft(int32_t width, double t_ms);
+    // One verified draft: n_offered drafts, the first n_accepted accepted.
+    void observe_accept(int32_t n_offered, int32_t n_accepted);
+    // A probe step finished: keep probing rarely if speculation still does not pay.
+    void probe_done();
+    // Whether the target's features are worth capturing now: drafting is on, or a probe is near
+    // (the drafter then sees the latest rows). Capturing them costs a few % of a decode step.
+    bool features_needed() const;
+
+    // Estimates (ms); negative when nothing is known yet.
+    double target_ms(int32_t rows) const;
+    double draft_ms(int32_t width) const;
+    std::vector<double> alphas(const AcceptanceCounts * own) const;
+
+    // What the policy has learned, to remember across processes.
+    void save(dflash_tuning * out) const;
+    void load(const dflash_tuning & in);
+
+    int32_t max_width() const { return max_width_; }
+
+private:
+    double expected_tokens(const Candidate & c, int32_t width) const;
+    double throughput(const std::vector<Candidate> & seqs, int32_t width) const;
+
+    int32_t max_width_, max_rows_;
+    std::vector<double> t_rows_;   // running mean ms per row count (index = rows; 0 = unknown)
+    std::vector<int32_t> n_rows_;  // samples behind each mean
+    std::vector<double> t_draft_;  // per width (index = width)
+    std::vector<int32_t> n_draft_;
+    AcceptanceCounts global_;
+    int32_t steps_since_probe_ = 0;
+    int32_t probe_period_ = 16;   // grows while probes keep confirming "off"
+    int32_t base_period_ = 16;    // from how far the best width is from paying
+    int32_t last_width_ = 0;
+    int32_t n_probes_ = 0;
+    int32_t n_steps_ = 0;
+};
+
+}  // namespace dflash

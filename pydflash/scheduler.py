@@ -1,0 +1,244 @@
+"""``Scheduler``: the native stepped scheduler every generation runs through.
+
+One object over a ``Target`` and an optional ``Drafter`` holds up to the target's ``n_seq_max``
+sequences. Sequences are added and cancelled between steps; each ``step()`` admits queued
+sequences (reusing a slot's cached prompt prefix), drafts one block per decoding sequence at the
+width the scheduler picks (fixed ``n_max``, or measured-cost adaptive under ``"auto"``), verifies
+all blocks plus prefill chunks of new sequences in one target batch and commits tokens. The
+Engine, the CLI and the server are thin users of it.
+
+Not thread-safe: one thread drives it (the Engine under the target's lock, the server on its
+step-loop thread).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from . import errors, generation
+from ._bindings import TOKEN_CALLBACK, check, ffi, lib
+from .generation import Result, SamplingOptions
+
+__all__ = ["Scheduler", "StepInfo", "SlotInfo"]
+
+
+@dataclass(frozen=True)
+class StepInfo:
+    """What one step did."""
+
+    width: int            # drafts per sequence chosen (0: plain)
+    probe: bool           # auto mode probed speculation this step
+    n_rows: int           # target rows decoded
+    n_prefill_rows: int   # of which prompt rows
+    n_decoding: int       # sequences that decoded
+    n_drafting: int       # of which drafted
+    n_committed: int      # tokens committed
+    n_finished: int       # finished sequences not yet taken
+    n_waiting: int        # sequences queued or running after the step
+    t_draft_ms: float
+    t_verify_ms: float
+    t_step_ms: float
+
+
+@dataclass(frozen=True)
+class SlotInfo:
+    id: int           # sequence in the slot (0: free)
+    state: str        # "idle", "prefill", "decode"
+    n_prompt: int
+    n_prefilled: int
+    n_generated: int
+    n_past: int
+    n_cached: int     # tokens whose KV the slot holds
+
+
+_SLOT_STATES = {0: "idle", 1: "prefill", 2: "decode"}
+_TUNING_FIELDS = ("t_rows_ms", "t_draft_ms", "offered", "accepted")
+
+
+class Scheduler:
+    """The stepped generation loop over ``target`` and ``drafter`` (None: plain decoding).
+
+    Args:
+        n_max: drafts per sequence per step; ``"auto"`` (or -1): chosen every step from costs
+            and acceptance the loop measures, 0 (drafter not run) where speculation would lose.
+        n_min, p_min: as llama.cpp's --spec-draft-n-min / --spec-draft-p-min.
+        n_batch: most target rows per step (0: the target's batch size); prefill chunks of new
+            sequences share it with the decoding sequences' blocks.
+    """
+
+    def __init__(self, target, drafter=None, *, n_max: int | str = "auto", n_min: int = 0,  # type: ignore[no-untyped-def]
+                 p_min: float = 0.0, n_batch: int = 0) -> None:
+        if n_max == "auto":
+            n_max = -1
+        if not isinstance(n_max, int) or isinstance(n_max, bool) or n_max < -1:
+            raise errors.InvalidArgumentError(f"n_max must be an int >= 0 or 'auto', got {n_max!r}")
+        if not isinstance(n_batch, int) or n_batch < 0:
+            raise errors.InvalidArgumentError(f"n_batch must be an int >= 0, got {n_batch!r}")
+        self.target = target
+        self.drafter = drafter
+        self.auto = n_max == -1 and drafter is not None
+        params = ffi.new("dflash_scheduler_params *", lib.dflash_scheduler_default_params())
+        params.n_max, params.n_min, params.p_min, params.n_batch = n_max, n_min, float(p_min), n_batch
+        out = ffi.new("dflash_scheduler **")
+        check(lib.dflash_scheduler_create(target._h(), drafter._h() if drafter is not None else ffi.NULL, params, out))
+        self._handle = out[0]
+        self._callbacks: dict[int, object] = {}  # cffi handles kept alive until the output is taken
+        self._failures: dict[int, list[BaseException]] = {}
+
+    # -- lifetime ----------------------------------------------------------------------------------
+
+    def _h(self):  # type: ignore[no-untyped-def]
+        if self._handle is None:
+            raise errors.ClosedError("the scheduler is closed")
+        return self._handle
+
+    def close(self) -> None:
+        if self._handle is not None:
+            lib.dflash_scheduler_free(self._handle)
+            self._handle = None
+            self._callbacks.clear()
+
+    def __del__(self) -> None:  # pragma: no cover - interpreter shutdown order
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    # -- sequences ---------------------------------------------------------------------------------
+
+    def add(self, tokens: Sequence[int], options: SamplingOptions, *, n_max: int | None = None,
+            n_min: int | None = None, p_min: float | None = None,
+            slot: int | None = None, cache_prompt: bool = True,
+            on_piece: Callable[[str], bool | None] | None = None) -> int:
+        """Queue a sequence; returns its id. ``on_piece(text)`` streams it (False stops it).
+        ``n_max`` fixes this sequence's drafts per step (None: the scheduler's choice); ``n_min`` /
+        ``p_min`` override the scheduler's for it."""
+        if n_max is not None and (not isinstance(n_max, int) or isinstance(n_max, bool) or n_max < 0):
+            raise errors.InvalidArgumentError(f"n_max must be an int >= 0, got {n_max!r}")
+        if n_min is not None and (not isinstance(n_min, int) or isinstance(n_min, bool) or n_min < 0):
+            raise errors.InvalidArgumentError(f"n_min must be an int >= 0, got {n_min!r}")
+        if p_min is not None and (not isinstance(p_min, (int, float)) or isinstance(p_min, bool)
+                                  or not 0.0 <= p_min <= 1.0):
+            raise errors.InvalidArgumentError(f"p_min must be in [0, 1], got {p_min!r}")
+        if slot is not None and (not isinstance(slot, int) or isinstance(slot, bool)):
+            raise errors.InvalidArgumentError(f"slot must be an int, got {slot!r}")
+        array = self.target._token_array(tokens, allow_empty=False)
+        keepalive: list = []
+        gen = options.to_native(keepalive)
+        req = ffi.new("dflash_request_params *", lib.dflash_request_default_params())
+        req.gen = gen[0]
+        req.n_max = -1 if n_max is None else n_max
+        req.n_min = -1 if n_min is None else n_min
+        req.p_min = -1.0 if p_min is None else float(p_min)
+        req.slot = -1 if slot is None else slot
+        req.cache_prompt = bool(cache_prompt)
+        failure: list[BaseException] = []
+        callback, handle = ffi.NULL, ffi.NULL
+        if on_piece is not None:
+            handle = ffi.new_handle(generation.piece_forwarder(on_piece, failure))
+            callback = TOKEN_CALLBACK
+        sid = ffi.new("int32_t *")
+        check(lib.dflash_scheduler_add(self._h(), array, len(tokens), req, callback, handle, sid))
+        if on_piece is not None:
+            self._callbacks[sid[0]] = handle
+        self._failures[sid[0]] = failure
+        return int(sid[0])
+
+    def cancel(self, seq_id: int) -> None:
+        """Stop a queued or running sequence at the next step."""
+        check(lib.dflash_scheduler_cancel(self._h(), seq_id))
+
+    def step(self) -> StepInfo:
+        info = ffi.new("dflash_step_info *")
+        check(lib.dflash_scheduler_step(self._h(), info))
+        return StepInfo(width=info.width, probe=bool(info.probe), n_rows=info.n_rows,
+                        n_prefill_rows=info.n_prefill_rows, n_decoding=info.n_decoding, n_drafting=info.n_drafting,
+                        n_committed=info.n_committed, n_finished=info.n_finished, n_waiting=info.n_waiting,
+                        t_draft_ms=info.t_draft_ms, t_verify_ms=info.t_verify_ms, t_step_ms=info.t_step_ms)
+
+    def finished(self) -> list[int]:
+        """Ids of finished sequences whose result was not taken yet."""
+        h = self._h()
+        n = lib.dflash_scheduler_finished(h, ffi.NULL, 0)
+        if n == 0:
+            return []
+        ids = ffi.new("int32_t[]", n)
+        n = lib.dflash_scheduler_finished(h, ids, n)
+        return list(ids[0:n])
+
+    def take(self, seq_id: int) -> Result:
+        """The result of a finished sequence (it is then forgotten). An exception raised by its
+        ``on_piece`` callback is re-raised here."""
+        out = ffi.new("dflash_output **")
+        check(lib.dflash_scheduler_take(self._h(), seq_id, out))
+        self._callbacks.pop(seq_id, None)
+        failure = self._failures.pop(seq_id, [])
+        result = generation.take_output(out[0])
+        if failure:
+            raise failure[0]
+        return result
+
+    def run(self, seq_ids: Sequence[int]) -> list[Result]:
+        """Step until every sequence of ``seq_ids`` finished; their results in that order. On an
+        error the sequences are cancelled and dropped."""
+        wanted = set(seq_ids)
+        try:
+            while not wanted.issubset(self.finished()):
+                self.step()
+        except BaseException:
+            self.abandon(seq_ids)
+            raise
+        return [self.take(i) for i in seq_ids]
+
+    def abandon(self, seq_ids: Sequence[int]) -> None:
+        """Cancel sequences and drop their results (cleanup after an error)."""
+        if self._handle is None:
+            return
+        for i in seq_ids:
+            if lib.dflash_scheduler_cancel(self._handle, i) != lib.DFLASH_OK:
+                continue
+            info = ffi.new("dflash_step_info *")
+            for _ in range(2):  # a cancelled sequence finishes at the next step
+                if i in self.finished():
+                    break
+                if lib.dflash_scheduler_step(self._handle, info) != lib.DFLASH_OK:
+                    break
+            out = ffi.new("dflash_output **")
+            if lib.dflash_scheduler_take(self._handle, i, out) == lib.DFLASH_OK:
+                lib.dflash_output_free(out[0])
+            self._callbacks.pop(i, None)
+            self._failures.pop(i, None)
+
+    # -- state -------------------------------------------------------------------------------------
+
+    def slot(self, index: int) -> SlotInfo:
+        info = ffi.new("dflash_slot_info *")
+        check(lib.dflash_scheduler_slot_info(self._h(), index, info))
+        return SlotInfo(id=info.id, state=_SLOT_STATES.get(info.state, "idle"), n_prompt=info.n_prompt,
+                        n_prefilled=info.n_prefilled, n_generated=info.n_generated, n_past=info.n_past,
+                        n_cached=info.n_cached)
+
+    @property
+    def n_slots(self) -> int:
+        return self.target.info.n_seq_max
+
+    def tuning(self) -> dict[str, list[float]]:
+        """What auto mode learned (costs by rows / width, acceptance counts by position)."""
+        t = ffi.new("dflash_tuning *")
+        check(lib.dflash_scheduler_get_tuning(self._h(), t))
+        return {name: [float(x) for x in getattr(t, name)] for name in _TUNING_FIELDS}
+
+    def set_tuning(self, state: dict) -> None:
+        """Start auto mode from a ``tuning()`` taken earlier (e.g. by another process)."""
+        t = ffi.new("dflash_tuning *")
+        for name in _TUNING_FIELDS:
+            values = state.get(name, [])
+            dst = getattr(t, name)
+            if not isinstance(values, list) or len(values) > len(dst):
+                raise errors.InvalidArgumentError(f"tuning field {name!r} must be a list of at most {len(dst)} numbers")
+            for i, v in enumerate(values):
+                if not isinstance(v, (int, float)):
+                    raise errors.InvalidArgumentError(f"tuning field {name!r} holds a non-number")
+                dst[i] = float(v)
+        check(lib.dflash_scheduler_set_tuning(self._h(), t))
