@@ -154,8 +154,6 @@ def run_bench(args: argparse.Namespace, log: Callable[[str], None] = print) -> d
             name = f"dflash[{Path(path).stem}]-n{k}"
             add(name, lambda k=k, name=name, eng=extra_engines[-1]: ours(name, k, eng))
     if drafter_path is not None and args.auto:
-        if engine.autotuner is not None:
-            log(f"[bench] costs on this machine: {_costs_line(engine.autotuner.costs)}")
         add("dflash-auto", lambda: ours("dflash-auto", None))
     if args.upstream:
         add("upstream-plain", lambda: _server_mode("upstream-plain", common, upstream_sampling, args.max_tokens))
@@ -198,7 +196,9 @@ def run_bench(args: argparse.Namespace, log: Callable[[str], None] = print) -> d
                 samples.append(sample)
                 log(f"[bench] {prompt.id:<24} {m.name:<22} {sample.n_tokens:4d} tok {sample.tokens_per_second:7.1f} tok/s"
                     + (f"  n_max {sample.n_max}" if sample.n_max else ""))
-        costs = asdict(engine.autotuner.costs) if engine.autotuner is not None else None
+        costs = _learned_costs(engine.tuning())
+        if costs:
+            log(f"[bench] costs the auto scheduler measured: {_costs_line(costs)}")
         ours_rss = peak_rss_mib()
     finally:
         for m in modes:
@@ -286,10 +286,23 @@ def machine_info(threads: int) -> dict:
             "python": platform.python_version(), "pydflash": __version__, "llama_cpp": "llama-cpp-python 0.3.36 (vendor)"}
 
 
-def _costs_line(costs) -> str:  # type: ignore[no-untyped-def]
-    v = ", ".join(f"{x:.2f}" for x in costs.verify)
-    d = ", ".join(f"{x:.2f}" for x in costs.draft)
-    return f"plain step {costs.t_step_ms:.2f} ms; c_verify(1..) = {v}; c_draft(1..) = {d} (in plain steps)"
+def _learned_costs(tuning: dict | None) -> dict | None:
+    """The auto scheduler's measured costs in units of one plain step: c_verify(r) for the row
+    counts it ran, c_draft(k) for the widths it drafted (0 = never measured)."""
+    if not tuning or tuning["t_rows_ms"][0] <= 0:
+        return None
+    t1 = tuning["t_rows_ms"][0]
+    known = [i for i, t in enumerate(tuning["t_rows_ms"]) if t > 0]
+    verify = [t / t1 for t in tuning["t_rows_ms"][: known[-1] + 1]]
+    drafted = [i for i, t in enumerate(tuning["t_draft_ms"]) if t > 0]
+    draft = [t / t1 for t in tuning["t_draft_ms"][: drafted[-1] + 1]] if drafted else []
+    return {"t_step_ms": t1, "verify": verify, "draft": draft}
+
+
+def _costs_line(costs: dict) -> str:
+    v = ", ".join(f"{x:.2f}" for x in costs["verify"])
+    d = ", ".join(f"{x:.2f}" for x in costs["draft"])
+    return f"plain step {costs['t_step_ms']:.2f} ms; c_verify(1..) = {v}; c_draft(1..) = {d} (in plain steps, 0 = not run)"
 
 
 def _first_lines(text: str, n: int = 3) -> str:

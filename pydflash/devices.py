@@ -19,10 +19,16 @@ import sys
 from dataclasses import dataclass
 
 from . import errors
-from ._bindings import check, error_for, ffi, lib
 
-_KINDS = {lib.DFLASH_DEVICE_CPU: "cpu", lib.DFLASH_DEVICE_GPU: "gpu", lib.DFLASH_DEVICE_IGPU: "igpu",
-          lib.DFLASH_DEVICE_ACCEL: "accel"}
+# the native bindings load on first use: building a CLI parser (add_arguments) needs none
+_KIND_NAMES = {"DFLASH_DEVICE_CPU": "cpu", "DFLASH_DEVICE_GPU": "gpu", "DFLASH_DEVICE_IGPU": "igpu",
+               "DFLASH_DEVICE_ACCEL": "accel"}
+
+
+def _kind(value: int) -> str:
+    from ._bindings import lib
+
+    return next((k for name, k in _KIND_NAMES.items() if getattr(lib, name) == value), "gpu")
 
 
 @dataclass(frozen=True)
@@ -38,12 +44,13 @@ class Device:
 
 def devices() -> list[Device]:
     """Every device ggml can run on in this process, in its registry order (CPU last on GPU builds)."""
+    from ._bindings import check, ffi, lib
     out = []
     info = ffi.new("dflash_device_info *")
     for i in range(lib.dflash_device_count()):
         check(lib.dflash_device_get_info(i, info))
         out.append(Device(ffi.string(info.name).decode(), ffi.string(info.description).decode(),
-                          _KINDS.get(info.type, "accel"), int(info.memory_free), int(info.memory_total)))
+                          _kind(info.type), int(info.memory_free), int(info.memory_total)))
     return out
 
 
@@ -59,6 +66,7 @@ def add_rpc_server(endpoint: str, *, timeout: float = 60.0) -> list[Device]:
         BackendError: nothing answering the RPC protocol at ``endpoint`` (within ``timeout`` s).
         UnsupportedError: this build has no RPC backend.
     """
+    from ._bindings import check, error_for, ffi, lib
     if not isinstance(endpoint, str):
         raise errors.InvalidArgumentError(f"RPC endpoint must be a 'host:port' string, got {endpoint!r}")
     before = {d.name for d in devices()}

@@ -90,6 +90,8 @@ class Engine:
                                        device=resolve_drafter_device(drafter_device, n_gpu_layers))
             self.n_max, self.n_min = self._check_spec(None if self.auto_n_max else n_max, n_min)
             self.p_min = self._p_min(p_min)
+            if self.drafter is not None:
+                self._warm_up_drafter()
             self.scheduler = Scheduler(self.target, self.drafter, n_max="auto" if self.auto_n_max else self.n_max,
                                        n_min=self.n_min, p_min=self.p_min)
             if self.scheduler.auto:
@@ -100,6 +102,18 @@ class Engine:
         except BaseException:
             self.close()
             raise
+
+    def _warm_up_drafter(self) -> None:
+        """Run the drafter's graphs once at their largest shapes (as llama.cpp warms the target up
+        at load), so the first generation does not pay for graph allocation."""
+        import numpy as np
+
+        d = self.drafter
+        n_rows = min(32, d.info.n_ctx)
+        zeros = [np.zeros((n_rows, self.target.info.n_embd), dtype=np.float32) for _ in d.target_layers]
+        d.inject_taps(zeros, list(range(n_rows)))
+        d.propose(max(self.target.info.token_bos, 0), n_rows, d.info.block_size)
+        d.crop(0)
 
     def _check_spec(self, n_max: int | None, n_min: int) -> tuple[int, int]:
         block = self.drafter.info.block_size if self.drafter else 1

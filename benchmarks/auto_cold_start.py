@@ -1,0 +1,133 @@
+"""Auto draft width vs plain decoding vs every fixed n_max, each generation in a fresh process.
+
+Issue #14 (c): ``auto-cold`` starts with nothing learned or cached (its own empty cache dir and
+``PYDFLASH_AUTOTUNE_CACHE=0``); ``auto-warm`` starts from what one earlier ``auto`` process with
+the same files saved; ``plain`` is ``--no-draft`` (no drafter loaded); ``n<k>`` fixes n_max = k.
+Every (prompt, mode) runs in its own process, modes rotated per prompt, so no mode profits from
+another's warm caches; the ratio per prompt is taken against that prompt's plain run.
+
+    python benchmarks/auto_cold_start.py -m smollm2-135m --limit 20 -n 128 -t 2 \
+        --out benchmarks/results/auto-cold-start-smollm2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def worker(args: argparse.Namespace) -> None:
+    from pydflash import Engine, prompts
+
+    prompt = prompts.load(args.prompts, limit=1, offset=args.offset + args.index)[0]
+    drafter = None if args.mode == "plain" else (args.model_draft or "auto")
+    n_max: int | str = "auto" if args.mode.startswith("auto") else int(args.mode[1:]) if args.mode != "plain" else 0
+    with Engine(args.model, drafter, n_ctx=args.ctx_size, n_threads=args.threads, n_max=n_max) as engine:
+        text = prompt.render(engine.target)
+        r = engine.generate(text, max_tokens=args.n_predict, temperature=0, ignore_eos=True)
+        print(json.dumps({"mode": args.mode, "prompt": prompt.id, "tok_s": r.stats.tokens_per_second,
+                          "n": r.stats.n_generated, "drafted": r.stats.n_drafted, "accepted": r.stats.n_accepted,
+                          "steps": r.stats.n_verify_steps, "widths": engine.last_widths, "tokens": r.tokens}))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("-m", "--model", default="smollm2-135m")
+    ap.add_argument("-md", "--model-draft", default=None, help="drafter GGUF (default: the shipped one)")
+    ap.add_argument("--prompts", default="humaneval")
+    ap.add_argument("--offset", type=int, default=132, help="first prompt (132..163: held out from training)")
+    ap.add_argument("--limit", type=int, default=20)
+    ap.add_argument("-n", "--n-predict", type=int, default=128)
+    ap.add_argument("-t", "--threads", type=int, default=2)
+    ap.add_argument("-c", "--ctx-size", type=int, default=2048)
+    ap.add_argument("--modes", default="plain,auto-cold,auto-warm,n1,n3,n7")
+    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--mode", help=argparse.SUPPRESS)
+    ap.add_argument("--index", type=int, default=0, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        worker(args)
+        return 0
+
+    modes = args.modes.split(",")
+    tmp = Path(tempfile.mkdtemp(prefix="pydflash-autobench-"))
+    warm_cache, cold_cache = tmp / "warm", tmp / "cold"
+    base = [sys.executable, __file__, "--worker", "-m", args.model, "--prompts", args.prompts, "--offset",
+            str(args.offset), "-n", str(args.n_predict), "-t", str(args.threads), "-c", str(args.ctx_size)]
+    if args.model_draft:
+        base += ["-md", args.model_draft]
+
+    def run(mode: str, index: int) -> dict:
+        env = dict(os.environ)
+        if mode == "auto-cold":
+            env.update(PYDFLASH_AUTOTUNE_CACHE="0", PYDFLASH_CACHE=str(cold_cache))
+        elif mode == "auto-warm":
+            env.update(PYDFLASH_AUTOTUNE_CACHE="1", PYDFLASH_CACHE=str(warm_cache))
+        else:
+            env["PYDFLASH_AUTOTUNE_CACHE"] = "0"
+        out = subprocess.run(base + ["--mode", mode, "--index", str(index)], env=env, capture_output=True, text=True,
+                             check=False)
+        if out.returncode != 0:
+            raise SystemExit(f"{mode} #{index} failed:\n{out.stderr[-2000:]}")
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    # the warm mode's cache: models are looked up in the real cache, tuning in its own dir
+    from pydflash import models
+
+    for cache in (warm_cache, cold_cache):
+        (cache / "models").mkdir(parents=True)
+        for f in models.cache_dir().joinpath("models").glob("*.gguf"):
+            (cache / "models" / f.name).symlink_to(f)
+    if "auto-warm" in modes:  # one earlier generation with the same files (not measured)
+        env = dict(os.environ, PYDFLASH_AUTOTUNE_CACHE="1", PYDFLASH_CACHE=str(warm_cache))
+        subprocess.run(base + ["--mode", "auto-warm", "--index", str(args.limit)], env=env, check=True,
+                       capture_output=True)
+
+    rows: list[dict] = []
+    t0 = time.time()
+    for i in range(args.limit):
+        order = modes[i % len(modes):] + modes[: i % len(modes)]
+        for mode in order:
+            r = run(mode, i)
+            r["index"] = i
+            rows.append(r)
+            print(f"{r['prompt']:<16} {mode:<10} {r['tok_s']:7.1f} tok/s  drafted {r['drafted']:4d} "
+                  f"accepted {r['accepted']:4d} widths {r['widths']}", flush=True)
+    plain = {r["index"]: r for r in rows if r["mode"] == "plain"}
+    summary = {}
+    for mode in modes:
+        rs = [r for r in rows if r["mode"] == mode]
+        ratios = [r["tok_s"] / plain[r["index"]]["tok_s"] for r in rs] if plain else []
+        same = sum(r["tokens"] == plain[r["index"]]["tokens"] for r in rs) if plain else 0
+        summary[mode] = {"median_tok_s": statistics.median(r["tok_s"] for r in rs),
+                         "median_ratio": statistics.median(ratios) if ratios else None,
+                         "min_ratio": min(ratios) if ratios else None, "equal_to_plain": f"{same}/{len(rs)}",
+                         "drafted": sum(r["drafted"] for r in rs), "accepted": sum(r["accepted"] for r in rs)}
+    report = {"command": " ".join(sys.argv), "wall_s": round(time.time() - t0, 1), "summary": summary,
+              "rows": [{k: v for k, v in r.items() if k != "tokens"} for r in rows]}
+    lines = [f"Command: `{report['command']}` (wall {report['wall_s']} s)", "",
+             "| mode | median tok/s | median ratio vs plain | min ratio | greedy = plain | drafted | accepted |",
+             "|---|---|---|---|---|---|---|"]
+    for mode, s in summary.items():
+        ratio = "" if s["median_ratio"] is None else f"{s['median_ratio']:.3f}"
+        low = "" if s["min_ratio"] is None else f"{s['min_ratio']:.3f}"
+        lines.append(f"| {mode} | {s['median_tok_s']:.1f} | {ratio} | {low} | {s['equal_to_plain']} | "
+                     f"{s['drafted']} | {s['accepted']} |")
+    print("\n".join(lines))
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "results.json").write_text(json.dumps(report, indent=1))
+        (args.out / "results.md").write_text("\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
