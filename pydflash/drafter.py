@@ -200,6 +200,29 @@ class Drafter(NativeObject):
                                              ffi.from_buffer("float[]", hidden), ffi.from_buffer("float[]", logits)))
         return hidden, logits
 
+    def use_context(self, context: int, *, create: bool = True) -> None:
+        """Select the context cache later inject/crop/forward/propose calls act on (one per
+        sequence the drafter serves; 0 exists from load, others are created on demand)."""
+        with self._lock:
+            if create:
+                check(lib.dflash_drafter_set_contexts(self._h(), int(context) + 1))
+            check(lib.dflash_drafter_use_context(self._h(), int(context)))
+
+    def forward_batch(self, contexts: list[int], anchors: list[int], start_pos: list[int],
+                      n_block: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Blocks over several contexts in one graph: (hidden [n_jobs, n, H], logits [n_jobs, n, N])."""
+        n = self._n_block(n_block)
+        jobs = len(contexts)
+        if not (jobs == len(anchors) == len(start_pos)) or jobs == 0:
+            raise errors.InvalidArgumentError("contexts, anchors and start_pos need one entry per block")
+        hidden = np.empty((jobs, max(n, 0), self.info.n_embd), dtype=np.float32)
+        logits = np.empty((jobs, max(n, 0), self.info.n_vocab_draft), dtype=np.float32)
+        ints = [ffi.new("int32_t[]", [int(x) for x in v]) for v in (contexts, anchors, start_pos)]
+        with self._lock:
+            check(lib.dflash_drafter_forward_batch(self._h(), *ints, jobs, n, ffi.from_buffer("float[]", hidden),
+                                                   ffi.from_buffer("float[]", logits)))
+        return hidden, logits
+
     def propose(self, anchor: int, start_pos: int, n_block: int | None = None, temperature: float = 0.0) -> Proposal:
         """Run the block and draft slots 1..n-1 (greedy when ``temperature <= 0``)."""
         n = self._n_block(n_block)

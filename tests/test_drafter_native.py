@@ -122,6 +122,35 @@ def test_forward_matches_reference(kind, dflash2, dflash1, smollm2_path, smol_ta
         assert np.all(proposal.q.max(axis=1) == 1.0)
 
 
+@pytest.mark.parametrize("kind", ["dflash2", "dflash"])
+def test_batched_blocks_match_the_reference_per_context(kind, dflash2, dflash1, smollm2_path, smol_target):
+    """One graph for the blocks of three contexts (different lengths, positions, anchors): each
+    block equals the float64 reference on its own context, and the same block run alone."""
+    gguf, ref = dflash2 if kind == "dflash2" else dflash1
+    cases = [(40, 1234, 3), (17, 77, 4), (63, 4321, 5)]  # (context rows, anchor, seed)
+    with Drafter(gguf, smollm2_path, n_ctx=256, n_threads=2, exact_head=True) as d:
+        alone = []
+        for ctx, (n_ctx, anchor, seed) in enumerate(cases):
+            d.use_context(ctx)
+            d.inject(random_context(n_ctx, seed=seed), np.arange(n_ctx) + ctx)  # shifted positions
+            alone.append(d.forward(anchor, n_ctx + ctx, BLOCK))
+        d.use_context(0)
+        assert d.n_context == cases[0][0]
+        hidden, logits = d.forward_batch([2, 0, 1], [c[1] for c in (cases[2], cases[0], cases[1])],
+                                         [cases[2][0] + 2, cases[0][0], cases[1][0] + 1], BLOCK)
+        with pytest.raises(pydflash.InvalidArgumentError):
+            d.forward_batch([0, 0], [1, 2], [40, 40], BLOCK)  # one context twice
+        with pytest.raises(pydflash.InvalidArgumentError):
+            d.forward_batch([5], [1], [3], BLOCK)  # no such context
+    for row, ctx in enumerate([2, 0, 1]):
+        n_ctx, anchor, seed = cases[ctx]
+        ref_hidden, ref_logits = reference_block(ref, random_context(n_ctx, seed=seed), np.arange(n_ctx) + ctx,
+                                                 anchor, n_ctx + ctx, smol_target)
+        assert nmse(hidden[row], ref_hidden.numpy()) <= 1e-6
+        assert nmse(logits[row], ref_logits.numpy()) <= 1e-6
+        assert nmse(hidden[row], alone[ctx][0]) <= 1e-10 and nmse(logits[row], alone[ctx][1]) <= 1e-10
+
+
 @pytest.mark.parametrize("n_block", [1, 2, 5])
 def test_short_blocks(n_block, dflash2, smollm2_path, smol_target):
     """Runtime blocks shorter than the trained one; n_block <= T leaves later taps on padding only."""

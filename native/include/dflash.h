@@ -410,6 +410,19 @@ dflash_status dflash_drafter_propose(dflash_drafter * drafter, int32_t anchor, i
 
 void dflash_drafter_set_seed(dflash_drafter * drafter, uint64_t seed);
 
+/* Context caches: a drafter serves several sequences (weights once), one context each; context 0
+ * exists from load. inject / inject_taps / crop / forward / propose act on the selected one. */
+dflash_status dflash_drafter_set_contexts(dflash_drafter * drafter, int32_t n_contexts);  /* grow to n */
+dflash_status dflash_drafter_use_context(dflash_drafter * drafter, int32_t context);
+
+/* Blocks of n_block slots for n_jobs contexts in one graph (the weights read once for all):
+ * job i runs [anchors[i], MASK...] at start_pos[i].. over context contexts[i] (all distinct).
+ * hidden [n_jobs x n_block x n_embd] and logits [n_jobs x n_block x n_vocab_draft] (either may
+ * be NULL), job after job. */
+dflash_status dflash_drafter_forward_batch(dflash_drafter * drafter, const int32_t * contexts,
+                                           const int32_t * anchors, const int32_t * start_pos,
+                                           int32_t n_jobs, int32_t n_block, float * hidden, float * logits);
+
 /* ---------------------------------------------------------------------------------------------
  * Speculative generation
  * ------------------------------------------------------------------------------------------- */

@@ -571,6 +571,42 @@ dflash_status dflash_drafter_forward(dflash_drafter * drafter, int32_t anchor, i
     });
 }
 
+dflash_status dflash_drafter_set_contexts(dflash_drafter * drafter, int32_t n_contexts) {
+    return guarded([&] {
+        require(drafter != nullptr, "drafter is NULL");
+        drafter->impl->ensure_contexts(n_contexts);
+    });
+}
+
+dflash_status dflash_drafter_use_context(dflash_drafter * drafter, int32_t context) {
+    return guarded([&] {
+        require(drafter != nullptr, "drafter is NULL");
+        drafter->impl->use_context(context);
+    });
+}
+
+dflash_status dflash_drafter_forward_batch(dflash_drafter * drafter, const int32_t * contexts, const int32_t * anchors,
+                                           const int32_t * start_pos, int32_t n_jobs, int32_t n_block, float * hidden,
+                                           float * logits) {
+    return guarded([&] {
+        require(drafter && contexts && anchors && start_pos && n_jobs > 0, "invalid batch arguments");
+        std::vector<dflash::Drafter::BlockJob> jobs;
+        for (int32_t i = 0; i < n_jobs; ++i) {
+            jobs.push_back({contexts[i], anchors[i], start_pos[i]});
+        }
+        std::vector<dflash::BlockOutput> outs;
+        drafter->impl->forward_blocks(jobs, n_block, outs);
+        for (const auto & o : outs) {
+            if (hidden) {
+                hidden = std::copy(o.hidden.begin(), o.hidden.end(), hidden);
+            }
+            if (logits) {
+                logits = std::copy(o.logits.begin(), o.logits.end(), logits);
+            }
+        }
+    });
+}
+
 dflash_status dflash_drafter_propose(dflash_drafter * drafter, int32_t anchor, int32_t start_pos, int32_t n_block,
                                      float temperature, int32_t * tokens, float * q, int32_t * candidates) {
     return guarded([&] {

@@ -51,12 +51,34 @@ void DFlashDraftSource::commit(int32_t pos, int32_t n, const std::vector<const f
 }
 
 Draft DFlashDraftSource::draft(int32_t anchor, int32_t pos, int32_t n_max, float temperature, Rng &) {
-    drafter_.use_context(context_);
-    const int32_t n_block = std::min(n_max + 1, std::max(drafter_.hparams().block_size, 2));
-    Proposal p = drafter_.propose(anchor, pos, n_block, temperature, rng_);
+    return draft_batch({{this, anchor, pos, temperature}}, n_max).front();
+}
+
+std::vector<Draft> DFlashDraftSource::draft_batch(const std::vector<Job> & jobs, int32_t n_max) {
+    std::vector<Draft> out;
+    if (jobs.empty()) {
+        return out;
+    }
+    Drafter & drafter = jobs.front().source->drafter_;
+    const int32_t n_block = std::min(n_max + 1, std::max(drafter.hparams().block_size, 2));
+    std::vector<Drafter::BlockJob> blocks;
+    for (const auto & j : jobs) {
+        blocks.push_back({j.source->context_, j.anchor, j.pos});
+    }
+    std::vector<BlockOutput> outputs;
+    drafter.forward_blocks(blocks, n_block, outputs);
+    for (size_t i = 0; i < jobs.size(); ++i) {
+        DFlashDraftSource & src = *jobs[i].source;
+        const Proposal p = drafter.select(outputs[i], jobs[i].temperature, src.rng_);
+        out.push_back(src.to_draft(p, outputs[i], jobs[i].temperature));
+    }
+    return out;
+}
+
+Draft DFlashDraftSource::to_draft(const Proposal & p, const BlockOutput & block, float temperature) const {
     Draft out;
     out.tokens = p.tokens;
-    out.confidence = pick_confidence(p, drafter_.last_output(), drafter_.hparams().n_vocab_draft);
+    out.confidence = pick_confidence(p, block, drafter_.hparams().n_vocab_draft);
     if (temperature > 0.0f) {
         // q per slot as a sparse distribution: over the K candidates (DFlash2) or the draft
         // vocabulary (v1); q is zero outside the draft vocabulary, which rejection sampling

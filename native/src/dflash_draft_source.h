@@ -17,7 +17,18 @@ public:
     void commit(int32_t pos, int32_t n, const std::vector<const float *> & features) override;
     Draft draft(int32_t anchor, int32_t pos, int32_t n_max, float temperature, Rng & rng) override;
 
+    // One drafter graph for the blocks of several sources of the same drafter (each its own
+    // context), n_max drafts each: the weights are read once for all of them.
+    struct Job {
+        DFlashDraftSource * source;
+        int32_t anchor, pos;
+        float   temperature;
+    };
+    static std::vector<Draft> draft_batch(const std::vector<Job> & jobs, int32_t n_max);
+
 private:
+    Draft to_draft(const Proposal & p, const BlockOutput & block, float temperature) const;
+
     Drafter & drafter_;
     int32_t   context_;
     std::mt19937_64 rng_;

@@ -191,66 +191,98 @@ void Drafter::crop(int32_t n_keep) {
 }
 
 const BlockOutput & Drafter::forward_block(int32_t anchor, int32_t start_pos, int32_t n_block) {
+    std::vector<BlockOutput> outs;
+    forward_blocks({{active_, anchor, start_pos}}, n_block, outs);
+    out_ = std::move(outs.front());
+    return out_;
+}
+
+void Drafter::forward_blocks(const std::vector<BlockJob> & jobs, int32_t n_block, std::vector<BlockOutput> & outs) {
     if (n_block < 1 || n_block > hp_.block_size) {
         fail(DFLASH_ERR_INVALID_ARGUMENT, "block length %d is outside 1..%d (the drafter's block size)", n_block,
              hp_.block_size);
     }
-    if (anchor < 0 || anchor >= hp_.n_vocab) {
-        fail(DFLASH_ERR_INVALID_ARGUMENT, "anchor token %d is outside the vocabulary (%d)", anchor, hp_.n_vocab);
+    if (jobs.empty()) {
+        fail(DFLASH_ERR_INVALID_ARGUMENT, "no block to run");
     }
-    if (start_pos < 0) {
-        fail(DFLASH_ERR_INVALID_ARGUMENT, "negative block position %d", start_pos);
-    }
-    const int32_t n_past = n_context(), n_kv = n_past + n_block;
-
-    std::vector<int32_t> tokens(n_block, hp_.mask_token_id), pos(n_block);
-    tokens[0] = anchor;
-    for (int32_t i = 0; i < n_block; ++i) {
-        pos[i] = start_pos + i;
-    }
-    // visibility of key j (context rows, then block rows) from block query i
-    std::vector<int32_t> k_pos(cache().pos);
-    k_pos.insert(k_pos.end(), pos.begin(), pos.end());
-    const float inf = std::numeric_limits<float>::infinity();
-    std::vector<float> mask_full(size_t(n_kv) * n_block), mask_swa(size_t(n_kv) * n_block);
-    for (int32_t i = 0; i < n_block; ++i) {
-        for (int32_t j = 0; j < n_kv; ++j) {
-            const int64_t dq = int64_t(pos[i]) - k_pos[j];  // q_pos - k_pos
-            bool visible = !hp_.causal || dq >= 0;
-            mask_full[size_t(i) * n_kv + j] = visible ? 0.0f : -inf;
-            if (hp_.n_swa > 0) {
-                visible = visible && dq < hp_.n_swa && (hp_.causal || -dq < hp_.n_swa);
+    const size_t B = jobs.size();
+    std::vector<const DrafterCache *> caches;
+    std::vector<int32_t> n_past;
+    std::vector<int32_t> tokens(B * size_t(n_block), hp_.mask_token_id), pos(B * size_t(n_block));
+    for (size_t b = 0; b < B; ++b) {
+        const BlockJob & j = jobs[b];
+        if (j.context < 0 || j.context >= n_contexts()) {
+            fail(DFLASH_ERR_INVALID_ARGUMENT, "drafter context %d does not exist (%d allocated)", j.context, n_contexts());
+        }
+        if (j.anchor < 0 || j.anchor >= hp_.n_vocab) {
+            fail(DFLASH_ERR_INVALID_ARGUMENT, "anchor token %d is outside the vocabulary (%d)", j.anchor, hp_.n_vocab);
+        }
+        if (j.start_pos < 0) {
+            fail(DFLASH_ERR_INVALID_ARGUMENT, "negative block position %d", j.start_pos);
+        }
+        for (size_t b2 = 0; b2 < b; ++b2) {
+            if (jobs[b2].context == j.context) {
+                fail(DFLASH_ERR_INVALID_ARGUMENT, "two blocks on drafter context %d", j.context);
             }
-            mask_swa[size_t(i) * n_kv + j] = visible ? 0.0f : -inf;
+        }
+        caches.push_back(&caches_[size_t(j.context)]->cache);
+        n_past.push_back(int32_t(caches.back()->pos.size()));
+        tokens[b * size_t(n_block)] = j.anchor;
+        for (int32_t i = 0; i < n_block; ++i) {
+            pos[b * size_t(n_block) + size_t(i)] = j.start_pos + i;
         }
     }
 
     ggml_context_ptr ctx = graph_context(graph_meta_);
-    BlockGraph g = build_block_graph(ctx.get(), hp_, w_, cache(), n_past, n_block, exact_head_);
+    BlockGraph g = build_block_graph(ctx.get(), hp_, w_, caches, n_past, n_block, exact_head_);
     alloc_graph(g.gf, "block");
     ggml_backend_tensor_set(g.in.tokens, tokens.data(), 0, tokens.size() * sizeof(int32_t));
     ggml_backend_tensor_set(g.in.positions, pos.data(), 0, pos.size() * sizeof(int32_t));
-    if (g.in.mask_full) {
-        ggml_backend_tensor_set(g.in.mask_full, mask_full.data(), 0, mask_full.size() * sizeof(float));
-    }
-    if (g.in.mask_swa) {
-        ggml_backend_tensor_set(g.in.mask_swa, mask_swa.data(), 0, mask_swa.size() * sizeof(float));
+    const float inf = std::numeric_limits<float>::infinity();
+    for (size_t b = 0; b < B; ++b) {
+        // visibility of key j (context rows, then block rows) from block query i
+        const int32_t n_kv = n_past[b] + n_block;
+        const int32_t * bpos = pos.data() + b * size_t(n_block);
+        std::vector<int32_t> k_pos(caches[b]->pos);
+        k_pos.insert(k_pos.end(), bpos, bpos + n_block);
+        std::vector<float> mask_full(size_t(n_kv) * n_block), mask_swa(size_t(n_kv) * n_block);
+        for (int32_t i = 0; i < n_block; ++i) {
+            for (int32_t j = 0; j < n_kv; ++j) {
+                const int64_t dq = int64_t(bpos[i]) - k_pos[size_t(j)];  // q_pos - k_pos
+                bool visible = !hp_.causal || dq >= 0;
+                mask_full[size_t(i) * n_kv + j] = visible ? 0.0f : -inf;
+                if (hp_.n_swa > 0) {
+                    visible = visible && dq < hp_.n_swa && (hp_.causal || -dq < hp_.n_swa);
+                }
+                mask_swa[size_t(i) * n_kv + j] = visible ? 0.0f : -inf;
+            }
+        }
+        if (g.masks_full[b]) {
+            ggml_backend_tensor_set(g.masks_full[b], mask_full.data(), 0, mask_full.size() * sizeof(float));
+        }
+        if (g.masks_swa[b]) {
+            ggml_backend_tensor_set(g.masks_swa[b], mask_swa.data(), 0, mask_swa.size() * sizeof(float));
+        }
     }
     compute(g.gf);
 
-    out_.n_block = n_block;
-    out_.anchor  = anchor;
-    out_.hidden.resize(size_t(n_block) * hp_.n_embd);
-    out_.logits.resize(size_t(n_block) * hp_.n_vocab_draft);
-    ggml_backend_tensor_get(g.hidden, out_.hidden.data(), 0, out_.hidden.size() * sizeof(float));
-    ggml_backend_tensor_get(g.logits, out_.logits.data(), 0, out_.logits.size() * sizeof(float));
-    if (g.projected) {
-        out_.projected.resize(size_t(n_block) * hp_.selector_rank);
-        ggml_backend_tensor_get(g.projected, out_.projected.data(), 0, out_.projected.size() * sizeof(float));
-    } else {
-        out_.projected.clear();
+    outs.assign(B, BlockOutput{});
+    const size_t H = size_t(hp_.n_embd), N = size_t(hp_.n_vocab_draft), r = size_t(hp_.selector_rank);
+    for (size_t b = 0; b < B; ++b) {
+        BlockOutput & o = outs[b];
+        o.n_block = n_block;
+        o.anchor  = jobs[b].anchor;
+        o.hidden.resize(size_t(n_block) * H);
+        o.logits.resize(size_t(n_block) * N);
+        const size_t row0 = b * size_t(n_block);
+        ggml_backend_tensor_get(g.hidden, o.hidden.data(), row0 * H * sizeof(float), o.hidden.size() * sizeof(float));
+        ggml_backend_tensor_get(g.logits, o.logits.data(), row0 * N * sizeof(float), o.logits.size() * sizeof(float));
+        if (g.projected) {
+            o.projected.resize(size_t(n_block) * r);
+            ggml_backend_tensor_get(g.projected, o.projected.data(), row0 * r * sizeof(float),
+                                    o.projected.size() * sizeof(float));
+        }
     }
-    return out_;
 }
 
 void Drafter::read_codebook_row(const ggml_tensor * t, int32_t id, float * out) const {
@@ -264,20 +296,22 @@ void Drafter::read_codebook_row(const ggml_tensor * t, int32_t id, float * out) 
     ggml_get_type_traits(t->type)->to_float(raw.data(), out, t->ne[0]);
 }
 
-Proposal Drafter::select(float temperature, std::mt19937_64 & rng) const {
-    if (out_.n_block < 1) {
+Proposal Drafter::select(float temperature, std::mt19937_64 & rng) const { return select(out_, temperature, rng); }
+
+Proposal Drafter::select(const BlockOutput & out, float temperature, std::mt19937_64 & rng) const {
+    if (out.n_block < 1) {
         fail(DFLASH_ERR_INVALID_ARGUMENT, "select: no block has been run yet");
     }
-    const int32_t n_slots = out_.n_block - 1;
+    const int32_t n_slots = out.n_block - 1;
     const int32_t N = hp_.n_vocab_draft;
     const int32_t * d2t = d2t_.empty() ? nullptr : d2t_.data();
-    const float * logits = out_.logits.data() + N;  // slot 0 (the anchor) proposes nothing
+    const float * logits = out.logits.data() + N;  // slot 0 (the anchor) proposes nothing
     if (!hp_.is_dflash2()) {
         return propose_independent(logits, n_slots, N, temperature, rng, d2t);
     }
     Proposal p;
     SelectorInputs in{n_slots, N, hp_.selector_rank, std::min(hp_.selector_top_k, N), logits,
-                      out_.projected.data() + hp_.selector_rank, out_.anchor, d2t};
+                      out.projected.data() + hp_.selector_rank, out.anchor, d2t};
     build_lattice(
         in, [this](int32_t id, float * row) { read_codebook_row(w_.selector_predecessor, id, row); },
         [this](int32_t id, float * row) { read_codebook_row(w_.selector_successor, id, row); }, p);

@@ -134,6 +134,14 @@ public:
 
     // Block [anchor, MASK x (n_block-1)] at positions start_pos.. over the held context.
     const BlockOutput & forward_block(int32_t anchor, int32_t start_pos, int32_t n_block);
+    // Several blocks of the same length in one graph, each over its own context (weights read
+    // once for all); outs[i] receives job i's output.
+    struct BlockJob {
+        int32_t context, anchor, start_pos;
+    };
+    void forward_blocks(const std::vector<BlockJob> & jobs, int32_t n_block, std::vector<BlockOutput> & outs);
+    // Proposal for slots 1..n-1 of a block output (T <= 0: greedy).
+    Proposal select(const BlockOutput & out, float temperature, std::mt19937_64 & rng) const;
     const BlockOutput & last_output() const { return out_; }
 
     // Proposal for slots 1..n-1 from the last forward (T <= 0: greedy).
@@ -204,13 +212,12 @@ struct GraphInputs {
     ggml_tensor * features = nullptr;   // inject: [L*H, n] F32
     ggml_tensor * tokens = nullptr;     // block:  [n] I32
     ggml_tensor * positions = nullptr;  // [n] I32
-    ggml_tensor * mask_full = nullptr;  // block: [n_ctx + n, n] F32 (0 / -inf; nullptr if all sliding)
-    ggml_tensor * mask_swa = nullptr;   // block: same for sliding layers (nullptr if none)
 };
 
 struct BlockGraph {
     ggml_cgraph * gf = nullptr;
     GraphInputs   in;
+    std::vector<ggml_tensor *> masks_full, masks_swa;  // per block [n_past_b + n, n] (nullptr: unused)
     ggml_tensor * hidden = nullptr;     // [H, n]
     ggml_tensor * logits = nullptr;     // [V, n]
     ggml_tensor * projected = nullptr;  // [r, n] (DFlash2)
@@ -223,8 +230,11 @@ struct InjectGraph {
 
 InjectGraph build_inject_graph(ggml_context * ctx, const DrafterHparams & hp, const DrafterWeights & w,
                                const DrafterCache & cache, int32_t n_past, int32_t n);
-// exact_head: logits with F32 activations (see head_exact_op) instead of ggml's quantized mul_mat.
+// B blocks of n rows in one graph, block b over caches[b] (n_past[b] committed rows); rows are
+// laid out block after block. exact_head: logits with F32 activations (see head_exact_op)
+// instead of ggml's quantized mul_mat.
 BlockGraph  build_block_graph(ggml_context * ctx, const DrafterHparams & hp, const DrafterWeights & w,
-                              const DrafterCache & cache, int32_t n_past, int32_t n, bool exact_head);
+                              const std::vector<const DrafterCache *> & caches, const std::vector<int32_t> & n_past,
+                              int32_t n, bool exact_head);
 
 }  // namespace dflash

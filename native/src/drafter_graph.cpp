@@ -56,27 +56,31 @@ void build_kv(ggml_context * ctx, const DrafterHparams & hp, const DrafterLayer 
     *v_out = v;
 }
 
-// One grouped dynamic causal conv over one block z [H, n] (spec §1.3):
+// One grouped dynamic causal conv over each block of z [H, n * B] (B blocks of n rows, spec §1.3):
 //   out[i, c] = sum_t (base[side, t, c] + coeff[i, side*T*G + t*G + c/S]) * z[i - t, c],   z[< 0] = 0
-// coeff [2*T*G, n] comes from the sublayer's normed input; group g owns channels g*S .. g*S+S-1.
+// (i counted within its block). coeff [2*T*G, n * B] comes from the sublayer's normed input; group
+// g owns channels g*S .. g*S+S-1.
 ggml_tensor * build_conv(ggml_context * ctx, const DrafterHparams & hp, ggml_tensor * z, ggml_tensor * coeff,
-                         ggml_tensor * base, int side) {
-    const int64_t H = z->ne[0], n = z->ne[1];
+                         ggml_tensor * base, int side, int64_t n) {
+    const int64_t H = z->ne[0], B = z->ne[1] / n;
     const int64_t T = hp.conv_kernel, S = hp.conv_group, G = H / S;
     const size_t  es = ggml_element_size(coeff);
+    ggml_tensor * z3 = ggml_reshape_3d(ctx, z, H, n, B);
     ggml_tensor * out = nullptr;
     for (int64_t t = 0; t < T && t < n; ++t) {  // taps at or past the block length only see padding
-        // this side/tap's coefficients as [1, G, n], expanded to S consecutive channels per group
-        ggml_tensor * c = ggml_view_3d(ctx, coeff, 1, G, n, es, coeff->nb[1], size_t(side * T * G + t * G) * es);
-        c = ggml_reshape_2d(ctx, ggml_repeat_4d(ctx, c, S, G, n, 1), H, n);
+        // this side/tap's coefficients as [1, G, n, B], expanded to S consecutive channels per group
+        ggml_tensor * c = ggml_view_4d(ctx, coeff, 1, G, n, B, es, coeff->nb[1], coeff->nb[1] * n,
+                                       size_t(side * T * G + t * G) * es);
+        c = ggml_reshape_3d(ctx, ggml_repeat_4d(ctx, c, S, G, n, B), H, n, B);
         ggml_tensor * b = ggml_view_1d(ctx, base, H, size_t(t) * base->nb[1] + size_t(side) * base->nb[2]);
-        ggml_tensor * weight = ggml_add(ctx, c, b);  // [H, n]
-        // z shifted down by t rows, zero rows at the block start
-        ggml_tensor * zt = t == 0 ? z : ggml_pad_ext(ctx, ggml_view_2d(ctx, z, H, n - t, z->nb[1], 0), 0, 0, int(t), 0, 0, 0, 0, 0);
+        ggml_tensor * weight = ggml_add(ctx, c, b);  // [H, n, B]
+        // each block shifted down by t rows, zero rows at its start
+        ggml_tensor * zt = t == 0 ? z3
+            : ggml_pad_ext(ctx, ggml_view_3d(ctx, z3, H, n - t, B, z3->nb[1], z3->nb[2], 0), 0, 0, int(t), 0, 0, 0, 0, 0);
         ggml_tensor * term = ggml_mul(ctx, weight, zt);
         out = out ? ggml_add(ctx, out, term) : term;
     }
-    return out;
+    return ggml_reshape_2d(ctx, out, H, n * B);
 }
 
 // Store K [head_dim, n_head_kv, n] and V (same shape) as cache rows row0 .. row0+n-1 of layer il.
@@ -91,32 +95,44 @@ void build_cache_store(ggml_context * ctx, ggml_cgraph * gf, const DrafterCache 
     ggml_build_forward_expand(gf, ggml_cpy(ctx, ggml_permute(ctx, v, 1, 2, 0, 3), v_dst));
 }
 
-// Non-causal (unless masked) GQA attention of the block's queries over [context ; block]. The
-// block's K/V go to the cache's scratch rows right after the n_past committed ones (they are
-// not counted as context and the next injection overwrites them), so nothing is concatenated.
+// Non-causal (unless masked) GQA attention of each block's queries over [its context ; its block]:
+// cur holds B blocks of n rows, block b drafting on caches[b] after n_past[b] committed rows. A
+// block's K/V go to its cache's scratch rows right after the committed ones (they are not counted
+// as context and the next injection overwrites them), so nothing is concatenated. The
+// projections run once over all rows; only the attention itself is per block.
 ggml_tensor * build_attention(ggml_context * ctx, ggml_cgraph * gf, const DrafterHparams & hp, const DrafterLayer & L,
-                              const DrafterCache & cache, int32_t n_past, ggml_tensor * cur, ggml_tensor * pos,
-                              ggml_tensor * kq_mask, int il) {
-    const int64_t n = cur->ne[1], n_kv = n_past + n;
-    ggml_tensor * q = ggml_reshape_3d(ctx, ggml_mul_mat(ctx, L.wq, cur), hp.head_dim, hp.n_head, n);
+                              const std::vector<const DrafterCache *> & caches, const std::vector<int32_t> & n_past,
+                              ggml_tensor * cur, ggml_tensor * pos, const std::vector<ggml_tensor *> & kq_masks,
+                              int64_t n, int il) {
+    const int64_t N = cur->ne[1];
+    ggml_tensor * q = ggml_reshape_3d(ctx, ggml_mul_mat(ctx, L.wq, cur), hp.head_dim, hp.n_head, N);
     q = build_norm(ctx, q, L.attn_q_norm, hp.rms_eps);
     q = build_rope(ctx, q, pos, hp);
     cb(q, "Qcur", il);
+    ggml_tensor * k_all, * v_all;
+    build_kv(ctx, hp, L, cur, pos, il, &k_all, &v_all);
 
-    ggml_tensor * k, * v;
-    build_kv(ctx, hp, L, cur, pos, il, &k, &v);
-    build_cache_store(ctx, gf, cache, il, k, v, n_past);  // expanded first: runs before the reads below
-    ggml_tensor * ck = cache.k[il], * cv = cache.v[il];
-    k = ggml_view_3d(ctx, ck, hp.head_dim, hp.n_head_kv, n_kv, ck->nb[1], ck->nb[2], 0);   // [d, n_head_kv, n_kv]
-    v = ggml_view_3d(ctx, cv, n_kv, hp.head_dim, hp.n_head_kv, cv->nb[1], cv->nb[2], 0);   // [n_kv, d, n_head_kv]
+    ggml_tensor * out = nullptr;
+    for (size_t b = 0; b < caches.size(); ++b) {
+        const DrafterCache & cache = *caches[b];
+        const int64_t n_kv = n_past[b] + n;
+        auto rows = [&](ggml_tensor * t) {  // block b's rows of a [d, heads, N] tensor
+            return ggml_view_3d(ctx, t, t->ne[0], t->ne[1], n, t->nb[1], t->nb[2], size_t(b) * size_t(n) * t->nb[2]);
+        };
+        build_cache_store(ctx, gf, cache, il, rows(k_all), rows(v_all), n_past[b]);  // expanded first: runs before the reads
+        ggml_tensor * ck = cache.k[il], * cv = cache.v[il];
+        ggml_tensor * k = ggml_view_3d(ctx, ck, hp.head_dim, hp.n_head_kv, n_kv, ck->nb[1], ck->nb[2], 0);  // [d, n_head_kv, n_kv]
+        ggml_tensor * v = ggml_view_3d(ctx, cv, n_kv, hp.head_dim, hp.n_head_kv, cv->nb[1], cv->nb[2], 0);  // [n_kv, d, n_head_kv]
 
-    // q head h reads kv head h / (n_head / n_head_kv): mul_mat broadcasts over dim 2
-    ggml_tensor * kq = ggml_mul_mat(ctx, ggml_permute(ctx, k, 0, 2, 1, 3), ggml_permute(ctx, q, 0, 2, 1, 3));
-    kq = ggml_soft_max_ext(ctx, kq, kq_mask, 1.0f / std::sqrt(float(hp.head_dim)), 0.0f);  // [n_kv, n, n_head]
-    cb(kq, "kq_soft_max", il);
-    ggml_tensor * kqv = ggml_mul_mat(ctx, v, kq);  // [head_dim, n, n_head]
-    cur = ggml_cont_2d(ctx, ggml_permute(ctx, kqv, 0, 2, 1, 3), hp.head_dim * hp.n_head, n);
-    return ggml_mul_mat(ctx, L.wo, cur);
+        // q head h reads kv head h / (n_head / n_head_kv): mul_mat broadcasts over dim 2
+        ggml_tensor * kq = ggml_mul_mat(ctx, ggml_permute(ctx, k, 0, 2, 1, 3), ggml_permute(ctx, rows(q), 0, 2, 1, 3));
+        kq = ggml_soft_max_ext(ctx, kq, kq_masks[b], 1.0f / std::sqrt(float(hp.head_dim)), 0.0f);  // [n_kv, n, n_head]
+        cb(kq, "kq_soft_max", il);
+        ggml_tensor * kqv = ggml_mul_mat(ctx, v, kq);  // [head_dim, n, n_head]
+        ggml_tensor * o = ggml_cont_2d(ctx, ggml_permute(ctx, kqv, 0, 2, 1, 3), hp.head_dim * hp.n_head, n);
+        out = out ? ggml_concat(ctx, out, o, 1) : o;
+    }
+    return ggml_mul_mat(ctx, L.wo, out);
 }
 
 // logits[v, i] = W[v] . h[i] with F32 activations: each weight row is dequantized on the fly
@@ -186,22 +202,22 @@ InjectGraph build_inject_graph(ggml_context * ctx, const DrafterHparams & hp, co
 }
 
 BlockGraph build_block_graph(ggml_context * ctx, const DrafterHparams & hp, const DrafterWeights & w,
-                             const DrafterCache & cache, int32_t n_past, int32_t n, bool exact_head) {
+                             const std::vector<const DrafterCache *> & caches, const std::vector<int32_t> & n_past,
+                             int32_t n, bool exact_head) {
     BlockGraph g;
+    const int64_t B = int64_t(caches.size()), N = int64_t(n) * B;
     g.gf = ggml_new_graph_custom(ctx, kGraphSize, false);
-    g.in.tokens    = new_input(ctx, GGML_TYPE_I32, n, 0, "tokens");
-    g.in.positions = new_input(ctx, GGML_TYPE_I32, n, 0, "positions");
+    g.in.tokens    = new_input(ctx, GGML_TYPE_I32, N, 0, "tokens");
+    g.in.positions = new_input(ctx, GGML_TYPE_I32, N, 0, "positions");
     // only masks some layer reads: an input left out of the graph gets no buffer to be set
     bool any_swa = false, any_full = false;
     for (bool s : hp.swa_layers) {
         any_swa  = any_swa || s;
         any_full = any_full || !s;
     }
-    if (any_full) {
-        g.in.mask_full = new_input(ctx, GGML_TYPE_F32, n_past + n, n, "kq_mask");
-    }
-    if (any_swa) {
-        g.in.mask_swa = new_input(ctx, GGML_TYPE_F32, n_past + n, n, "kq_mask_swa");
+    for (int64_t i = 0; i < B; ++i) {  // one per block: each sees its own context
+        g.masks_full.push_back(any_full ? new_input(ctx, GGML_TYPE_F32, n_past[size_t(i)] + n, n, "kq_mask") : nullptr);
+        g.masks_swa.push_back(any_swa ? new_input(ctx, GGML_TYPE_F32, n_past[size_t(i)] + n, n, "kq_mask_swa") : nullptr);
     }
 
     // h^0 = E[x] * alpha (the target's raw embedding rows)
@@ -213,20 +229,20 @@ BlockGraph build_block_graph(ggml_context * ctx, const DrafterHparams & hp, cons
 
     for (int il = 0; il < hp.n_layer; ++il) {
         const DrafterLayer & L = w.layers[il];
-        ggml_tensor * kq_mask = hp.swa_layers[il] ? g.in.mask_swa : g.in.mask_full;
+        const auto & kq_masks = hp.swa_layers[il] ? g.masks_swa : g.masks_full;
 
         ggml_tensor * cur = build_norm(ctx, inpL, L.attn_norm, hp.rms_eps);
         cb(cur, "attn_norm", il);
         ggml_tensor * coeff = nullptr;
         if (L.attn_conv_proj) {
             coeff = ggml_mul_mat(ctx, L.attn_conv_proj, cur);  // [2*T*G, n], both sides
-            cur = build_conv(ctx, hp, cur, coeff, L.attn_conv_base, 0);
+            cur = build_conv(ctx, hp, cur, coeff, L.attn_conv_base, 0, n);
             cb(cur, "attn_conv_in", il);
         }
-        cur = build_attention(ctx, g.gf, hp, L, cache, n_past, cur, g.in.positions, kq_mask, il);
+        cur = build_attention(ctx, g.gf, hp, L, caches, n_past, cur, g.in.positions, kq_masks, n, il);
         cb(cur, "attn_out", il);
         if (coeff) {
-            cur = build_conv(ctx, hp, cur, coeff, L.attn_conv_base, 1);
+            cur = build_conv(ctx, hp, cur, coeff, L.attn_conv_base, 1, n);
             cb(cur, "attn_conv_out", il);
         }
         ggml_tensor * ffn_inp = ggml_add(ctx, cur, inpL);
@@ -236,14 +252,14 @@ BlockGraph build_block_graph(ggml_context * ctx, const DrafterHparams & hp, cons
         cb(cur, "ffn_norm", il);
         if (L.ffn_conv_proj) {
             coeff = ggml_mul_mat(ctx, L.ffn_conv_proj, cur);
-            cur = build_conv(ctx, hp, cur, coeff, L.ffn_conv_base, 0);
+            cur = build_conv(ctx, hp, cur, coeff, L.ffn_conv_base, 0, n);
             cb(cur, "ffn_conv_in", il);
         }
         cur = ggml_swiglu_split(ctx, ggml_mul_mat(ctx, L.ffn_gate, cur), ggml_mul_mat(ctx, L.ffn_up, cur));
         cur = ggml_mul_mat(ctx, L.ffn_down, cur);
         cb(cur, "ffn_out", il);
         if (L.ffn_conv_proj) {
-            cur = build_conv(ctx, hp, cur, coeff, L.ffn_conv_base, 1);
+            cur = build_conv(ctx, hp, cur, coeff, L.ffn_conv_base, 1, n);
             cb(cur, "ffn_conv_out", il);
         }
         inpL = ggml_add(ctx, cur, ffn_inp);

@@ -411,17 +411,9 @@ int32_t Scheduler::draft_cap(const Sequence & s) const {
     return std::max(k, 0);
 }
 
-void Scheduler::draft(Sequence & s, int32_t k, double * t_ms) {
-    Slot & slot = *s.slot;
-    const int32_t n_flushed = slot.n_pending;
-    const auto t0 = clock_type::now();
-    flush_features(slot, *s.source);
-    s.draft = s.source->draft(s.anchor, s.n_past, k, s.req.gen.sampling.temperature, s.rng);
-    *t_ms = ms_since(t0);
-    s.out->stats.t_draft_ms += *t_ms;
-    if (n_flushed > 2 * (max_width_ + 1)) {
-        *t_ms = -1.0;  // a catch-up injection after drafting was off: not a block's usual cost
-    }
+// A sequence's proposed block, cut to what it may verify: k drafts, llama.cpp's p_min early
+// stop (greedy) and n_min.
+void Scheduler::trim_draft(Sequence & s, int32_t k) {
     if (int32_t(s.draft.tokens.size()) > k) {
         s.draft.tokens.resize(size_t(k));
     }
@@ -439,6 +431,61 @@ void Scheduler::draft(Sequence & s, int32_t k, double * t_ms) {
     if (int32_t(s.draft.tokens.size()) < std::max(n_min, 1)) {
         s.draft.tokens.clear();
     }
+}
+
+// Draft k[i] tokens for decoding[i] (0: none). Sequences drafting on this scheduler's drafter
+// with the same k share one drafter graph (weights read once); other sources draft alone.
+// Returns the drafting time.
+double Scheduler::draft_all(const std::vector<Sequence *> & decoding, const std::vector<int32_t> & k) {
+    double total_ms = 0.0;
+    std::vector<bool> done(decoding.size(), false);
+    for (size_t i = 0; i < decoding.size(); ++i) {
+        Sequence & s = *decoding[i];
+        if (done[i] || k[i] <= 0 || !s.source) {
+            continue;
+        }
+        const bool batched = s.source == s.slot->dflash.get();
+        std::vector<size_t> group{i};
+        for (size_t j = i + 1; batched && j < decoding.size(); ++j) {
+            Sequence & o = *decoding[j];
+            if (!done[j] && k[j] == k[i] && o.source && o.source == o.slot->dflash.get()) {
+                group.push_back(j);
+            }
+        }
+        const auto t0 = clock_type::now();
+        int32_t n_flushed = 0;
+        for (size_t g : group) {  // features of rows committed since each one's last block
+            Sequence & o = *decoding[g];
+            n_flushed = std::max(n_flushed, o.slot->n_pending);
+            flush_features(*o.slot, *o.source);
+        }
+        if (batched) {
+            std::vector<DFlashDraftSource::Job> jobs;
+            for (size_t g : group) {
+                Sequence & o = *decoding[g];
+                jobs.push_back({o.slot->dflash.get(), o.anchor, o.n_past, o.req.gen.sampling.temperature});
+            }
+            auto drafts = DFlashDraftSource::draft_batch(jobs, k[i]);
+            for (size_t n = 0; n < group.size(); ++n) {
+                decoding[group[n]]->draft = std::move(drafts[n]);
+            }
+        } else {
+            s.draft = s.source->draft(s.anchor, s.n_past, k[i], s.req.gen.sampling.temperature, s.rng);
+        }
+        const double t_ms = ms_since(t0);
+        total_ms += t_ms;
+        for (size_t g : group) {
+            Sequence & o = *decoding[g];
+            o.out->stats.t_draft_ms += t_ms / double(group.size());
+            trim_draft(o, k[i]);
+            done[g] = true;
+        }
+        // a catch-up injection after drafting was off is not a block's usual cost
+        if (params_.n_max < 0 && n_flushed <= 2 * (max_width_ + 1)) {
+            policy_.observe_draft(k[i], t_ms / double(group.size()));
+        }
+    }
+    return total_ms;
 }
 
 // Accept the longest verified prefix of s's draft and the target's own next token; commit them.
@@ -587,23 +634,19 @@ void Scheduler::step(dflash_step_info * info) {
     rows_.clear();
     std::vector<Target::Chunk> chunks;
     int32_t budget = n_batch_ - int32_t(decoding.size());  // one row each is always there
+    std::vector<int32_t> ks(decoding.size(), 0);
     int32_t n_drafting = 0, max_drafts = 0;
     for (size_t i = 0; i < decoding.size(); ++i) {
         Sequence & s = *decoding[i];
         s.draft = Draft{};
         // a request with its own n_max drafts exactly that (capped); the others take the width
-        const int32_t k = std::min({s.req.n_max >= 0 ? cands[i].cap : std::min(width, cands[i].cap), budget});
-        if (k > 0 && s.source) {
-            double t_ms = 0.0;
-            draft(s, k, &t_ms);
-            info->t_draft_ms += std::max(t_ms, 0.0);
-            if (t_ms >= 0.0 && params_.n_max < 0) {
-                policy_.observe_draft(k, t_ms);
-            }
-            budget -= int32_t(s.draft.tokens.size());
-            n_drafting++;
-            max_drafts = std::max(max_drafts, int32_t(s.draft.tokens.size()));
-        }
+        ks[i] = s.source ? std::min({s.req.n_max >= 0 ? cands[i].cap : std::min(width, cands[i].cap), budget}) : 0;
+        budget -= ks[i];
+    }
+    info->t_draft_ms = draft_all(decoding, ks);
+    for (auto * s : decoding) {
+        n_drafting += s->draft.tokens.empty() ? 0 : 1;
+        max_drafts = std::max(max_drafts, int32_t(s->draft.tokens.size()));
     }
     for (auto * s : decoding) {
         s->row0 = int32_t(rows_.size());

@@ -76,7 +76,8 @@ private:
     void admit();
     void start_prefill(Sequence & s, Slot & slot);
     int32_t draft_cap(const Sequence & s) const;
-    void draft(Sequence & s, int32_t width, double * t_ms);
+    void trim_draft(Sequence & s, int32_t k);
+    double draft_all(const std::vector<Sequence *> & decoding, const std::vector<int32_t> & k);
     void accept(Sequence & s);
     void finish(Sequence & s);
     void keep_features(Slot & slot, int32_t first_row, int32_t pos, int32_t n);
