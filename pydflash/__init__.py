@@ -47,6 +47,7 @@ _LAZY = {
     "Engine": "engine",
     "Result": "generation",
     "SamplingOptions": "generation",
+    "Scheduler": "scheduler",
     "Stats": "generation",
     "Target": "target",
     "TargetInfo": "target",
@@ -56,6 +57,7 @@ if TYPE_CHECKING:  # static checkers and IDEs see the names as before
     from .drafter import Drafter, DrafterInfo
     from .engine import Engine
     from .generation import Result, SamplingOptions, Stats
+    from .scheduler import Scheduler
     from .target import Target, TargetInfo
 
 
@@ -91,6 +93,7 @@ __all__ = [
     "Result",
     "Stats",
     "SamplingOptions",
+    "Scheduler",
     "PydflashError",
     "InvalidArgumentError",
     "ModelNotFoundError",
