@@ -91,6 +91,9 @@ class Scheduler:
     def _h(self):  # type: ignore[no-untyped-def]
         if self._handle is None:
             raise errors.ClosedError("the scheduler is closed")
+        self.target._h()  # ClosedError once the target (or the drafter) it runs on was closed
+        if self.drafter is not None:
+            self.drafter._h()
         return self._handle
 
     def close(self) -> None:

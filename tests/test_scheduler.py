@@ -257,3 +257,20 @@ def test_tuning_round_trip_and_validation(engine):
     with pytest.raises(pydflash.InvalidArgumentError):
         engine.scheduler.set_tuning({"offered": [1.0] * 99})
     assert np.isfinite(engine.scheduler.tuning()["t_rows_ms"]).all()
+
+
+def test_scheduler_on_a_closed_target_is_an_error(smollm2_path):
+    target = pydflash.Target(smollm2_path, n_ctx=128, n_threads=2)
+    sched = Scheduler(target, None, n_max=0)
+    sid = sched.add(target.tokenize("Hi"), greedy(2))
+    target.close()
+    with pytest.raises(pydflash.ClosedError):
+        sched.step()
+    with pytest.raises(pydflash.ClosedError):
+        sched.add([1, 2], greedy(2))
+    sched.close()
+    sched.close()  # idempotent
+    with pytest.raises(pydflash.ClosedError):
+        sched.cancel(sid)
+    with pytest.raises(pydflash.InvalidArgumentError):
+        Scheduler(pydflash.Target(smollm2_path, n_ctx=64, n_threads=2), None, n_max="many")

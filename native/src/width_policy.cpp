@@ -11,7 +11,7 @@ constexpr double kPriorWeight = 2.0;    // ... worth this many observations
 constexpr double kGlobalWeight = 4.0;   // a sequence's own counts start from the global estimate
 constexpr double kDecay = 0.998;        // global counts follow the workload (half-life ~350 drafts)
 constexpr double kMargin = 1.02;        // speculation must beat plain decoding by 2 % to turn on
-constexpr int32_t kInitialProbes = 2;   // probes right after the first plain steps
+constexpr int32_t kInitialProbes = 1;   // a probe right after the first plain step
 constexpr int32_t kFirstPeriod = 16, kMaxPeriod = 512;
 constexpr int32_t kWarmup = 8;          // steps of features captured before a probe
 
