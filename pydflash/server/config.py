@@ -1,0 +1,139 @@
+"""The server's command line: llama-server's flags, parsed into a ``ServerConfig``."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass
+
+from .. import devices
+from ..cli import n_max_arg
+
+__all__ = ["ServerConfig", "build_parser", "config_from_args", "n_ctx_train"]
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    model: str
+    drafter: str | None
+    n_ctx_total: int        # -c: split evenly over the slots (0: the model's training context)
+    n_slots: int            # -np
+    n_batch: int            # -b: most target rows per step (blocks + prompt chunks)
+    n_threads: int | None
+    n_gpu_layers: int
+    device_draft: str
+    rpc: str | None
+    n_max: int | str        # an int, or "auto"
+    n_min: int
+    p_min: float
+    cache_prompt: bool      # requests may reuse a slot's KV of their common prefix
+    host: str
+    port: int
+    api_keys: tuple[str, ...]
+    metrics: bool
+    slots: bool
+    aliases: tuple[str, ...]
+    warmup: bool
+    verbose: bool
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="pydflash serve",
+        description="OpenAI / llama-server compatible HTTP server on the pydflash engine "
+                    "(continuous batching: a request joins the running batch at the next step).",
+    )
+    p.add_argument("-m", "--model", default="smollm2-135m", help="target GGUF path or a `pydflash models` name")
+    p.add_argument("-md", "--spec-draft-model", "--model-draft", dest="model_draft", default=None,
+                   help="DFlash/DFlash2 drafter GGUF converted for this target")
+    p.add_argument("--spec-type", default=None,
+                   help="draft-dflash (default when -md is given) or none (ignore -md, plain decoding)")
+    p.add_argument("--spec-draft-n-max", type=n_max_arg, default="auto",
+                   help="drafts verified per step, or 'auto' (default): chosen every step from this machine's "
+                        "measured costs, the acceptance seen so far and the load, 0 where speculation would lose")
+    p.add_argument("--spec-draft-n-min", type=int, default=0, help="shorter drafts are not verified (default 0)")
+    p.add_argument("--spec-draft-p-min", "--draft-p-min", type=float, default=0.0,
+                   help="greedy: cut drafts at the first pick the drafter gives p < P (default 0 = off)")
+    p.add_argument("-c", "--ctx-size", type=int, default=4096,
+                   help="total context, split evenly over the slots (default 4096; 0: the model's training "
+                        "context)")
+    p.add_argument("-np", "--parallel", type=int, default=1, help="slots: sequences generated together (default 1)")
+    p.add_argument("-b", "--batch-size", type=int, default=512,
+                   help="most target rows per step: every slot's draft block plus prompt chunks of new requests "
+                        "(default 512)")
+    p.add_argument("-t", "--threads", type=int, default=None, help="CPU threads (default: all cores)")
+    devices.add_arguments(p)
+    p.add_argument("--cache-prompt", dest="cache_prompt", action="store_true", default=True,
+                   help="reuse a slot's KV of a request's common prompt prefix (default; per request: "
+                        "'cache_prompt')")
+    p.add_argument("--no-cache-prompt", dest="cache_prompt", action="store_false",
+                   help="always prefill whole prompts")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8080, help="port to listen on (default 8080)")
+    p.add_argument("--api-key", default=os.environ.get("LLAMA_API_KEY"),
+                   help="API key(s), comma-separated; clients send `Authorization: Bearer KEY`")
+    p.add_argument("--metrics", action="store_true", help="enable the Prometheus /metrics endpoint")
+    p.add_argument("--slots", dest="slots", action="store_true", default=True, help="expose /slots (default)")
+    p.add_argument("--no-slots", dest="slots", action="store_false", help="disable /slots")
+    p.add_argument("-a", "--alias", default=None, help="model name(s) for the API, comma-separated")
+    p.add_argument("--no-warmup", dest="warmup", action="store_false", default=True,
+                   help="skip the warm-up generation on every slot at start")
+    p.add_argument("--batch-window-ms", type=float, default=0.0,
+                   help="accepted for compatibility with earlier pydflash versions; no effect (a request joins "
+                        "the running batch at the next step)")
+    p.add_argument("--no-webui", action="store_true", help="accepted for llama-server compatibility (no web UI)")
+    p.add_argument("-v", "--verbose", action="store_true", help="llama.cpp's log and an access log")
+    return p
+
+
+def config_from_args(args: argparse.Namespace) -> ServerConfig:
+    """A validated config; raises SystemExit with the message on a bad combination."""
+    spec_type = args.spec_type
+    if spec_type is None:
+        spec_type = "draft-dflash" if args.model_draft else "none"
+    types = [t.strip() for t in spec_type.split(",") if t.strip()]
+    unsupported = [t for t in types if t not in ("none", "draft-dflash")]
+    if unsupported:
+        raise SystemExit(f"pydflash serve: --spec-type {','.join(unsupported)} is not supported "
+                         "(use draft-dflash or none)")
+    use_draft = "draft-dflash" in types
+    if use_draft and not args.model_draft:
+        raise SystemExit("pydflash serve: --spec-type draft-dflash needs a drafter: -md DRAFTER.gguf")
+    if args.parallel < 1:
+        raise SystemExit("pydflash serve: -np must be >= 1")
+    if args.batch_size < args.parallel:
+        raise SystemExit(f"pydflash serve: -b {args.batch_size} must hold one row of each of the -np "
+                         f"{args.parallel} slots")
+    if args.ctx_size < 0:
+        raise SystemExit("pydflash serve: -c must be >= 0")
+    if args.ctx_size and args.ctx_size // args.parallel < 16:
+        raise SystemExit(f"pydflash serve: -c {args.ctx_size} leaves fewer than 16 tokens per slot with "
+                         f"-np {args.parallel}")
+    if args.spec_draft_n_min < 0:
+        raise SystemExit("pydflash serve: --spec-draft-n-min must be >= 0")
+    if not 0.0 <= args.spec_draft_p_min <= 1.0:
+        raise SystemExit("pydflash serve: --spec-draft-p-min must be in [0, 1]")
+    keys = tuple(k.strip() for k in (args.api_key or "").split(",") if k.strip())
+    aliases = tuple(a.strip() for a in (args.alias or "").split(",") if a.strip())
+    return ServerConfig(
+        model=args.model, drafter=args.model_draft if use_draft else None, n_ctx_total=args.ctx_size,
+        n_slots=args.parallel, n_batch=args.batch_size, n_threads=args.threads, n_gpu_layers=args.n_gpu_layers,
+        device_draft=args.device_draft, rpc=args.rpc,
+        n_max=args.spec_draft_n_max, n_min=args.spec_draft_n_min, p_min=args.spec_draft_p_min,
+        cache_prompt=args.cache_prompt, host=args.host, port=args.port, api_keys=keys, metrics=args.metrics,
+        slots=args.slots, aliases=aliases, warmup=args.warmup, verbose=args.verbose,
+    )
+
+
+def n_ctx_train(model: str) -> int:
+    """The training context of a target GGUF (what ``-c 0`` means), 4096 when it does not say."""
+    from .. import models
+    from ..convert import read_gguf_header
+
+    try:
+        kv = read_gguf_header(models.resolve(model)).kv
+        arch = kv["general.architecture"].value
+        arch = arch.decode() if isinstance(arch, bytes) else str(arch)
+        return int(kv[f"{arch}.context_length"].value)
+    except (KeyError, OSError, ValueError):
+        return 4096

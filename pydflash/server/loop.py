@@ -1,0 +1,328 @@
+"""The step loop: one thread owns the engine, and so its scheduler, for the server's whole life.
+
+It loads the engine, then repeats until the server stops:
+
+1. take the jobs and cancellations handed over since the last step (a thread-safe inbox; it
+   sleeps on a condition while nothing runs),
+2. cancel (``Scheduler.cancel``) the sequences of clients that left,
+3. tokenize and check the new jobs' prompts against the slot's context (answering 400 from
+   here) and add them to the scheduler (a seed drawn for each job that gives none),
+4. run one ``Scheduler.step()``: it admits queued sequences to free slots (reusing the KV of a
+   slot's longest common prompt prefix with ``cache_prompt``), drafts, and verifies every
+   running sequence's block plus prompt chunks of the new ones in one target batch,
+5. take the finished sequences, then hand every event of the step (streamed pieces, results,
+   errors) to the event loop in one ``call_soon_threadsafe``.
+
+So a request joins the running batch at the next step (continuous batching), and requests with
+different sampling options share steps (each sequence samples with its own options and seed).
+Everything that touches the engine runs on this thread under the target's lock: the scheduler
+is not thread-safe, and tokenizing in the HTTP handlers would wait behind a running step anyway.
+The HTTP side reads only snapshots published after each step (``slots``, ``n_deferred``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import functools
+import random
+import threading
+import traceback
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+from .. import devices
+from ..generation import SamplingOptions
+from ..scheduler import SlotInfo
+from .config import ServerConfig, n_ctx_train
+from .metrics import Metrics
+from .requests import APIError, Job, Speculative, from_engine_error
+
+__all__ = ["StepLoop", "SlotView"]
+
+
+class SlotView(NamedTuple):
+    info: SlotInfo
+    job: Job | None
+
+
+class StepLoop:
+    """Runs the engine on its own thread; ``submit`` / ``cancel`` / ``stop`` are thread-safe."""
+
+    def __init__(self, config: ServerConfig, metrics: Metrics, loop: asyncio.AbstractEventLoop) -> None:
+        self.config = config
+        self.metrics = metrics
+        self.loop = loop
+        self.engine: Any = None
+        self.n_ctx_slot = 0
+        self.loaded: concurrent.futures.Future = concurrent.futures.Future()
+        # snapshots for the HTTP side, replaced after every step
+        self.slots: tuple[SlotView, ...] = ()
+        self.n_deferred = 0
+        self._cond = threading.Condition()
+        self._inbox: list[Job] = []       # guarded by _cond
+        self._cancels: list[Job] = []     # guarded by _cond
+        self._stopping = False            # guarded by _cond
+        self._live: dict[int, Job] = {}   # sequence id -> job, this thread only
+        self._events: list[tuple[Job, str, Any]] = []  # this step's events, this thread only
+        self._thread = threading.Thread(target=self._run, name="pydflash-step-loop", daemon=True)
+
+    # -- the event loop's side ---------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(self, jobs: Sequence[Job]) -> None:
+        with self._cond:
+            if not self._stopping:
+                self._inbox.extend(jobs)
+                self._cond.notify()
+                return
+        for job in jobs:  # on the event loop: answer at once
+            job.put("error", APIError(503, "the server is shutting down"))
+
+    def cancel(self, jobs: Sequence[Job]) -> None:
+        """The clients of ``jobs`` left: stop their sequences at the next step."""
+        for job in jobs:
+            job.cancelled.set()
+        with self._cond:
+            self._cancels.extend(jobs)
+            self._cond.notify()
+
+    def stop(self) -> None:
+        """Answer every unfinished job 503, free the engine, end the thread (see ``join``)."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+
+    def join(self, timeout: float | None = None) -> None:
+        self._thread.join(timeout)
+
+    @property
+    def n_processing(self) -> int:
+        return sum(1 for v in self.slots if v.job is not None)
+
+    def spec_of(self, job: Job | None) -> tuple[int, int, float]:
+        """(n_max, n_min, p_min) a job runs with (None: the server's defaults). Under auto, n_max is
+        the width the job decoded with most often (the server's: the latest step's)."""
+        engine = self.engine
+        if engine is None or engine.drafter is None:
+            return 0, 0, 0.0
+        spec = job.spec if job is not None else Speculative()
+        if spec.n_max is not None:
+            n_max = min(spec.n_max, max(engine.drafter.info.block_size - 1, 1))
+        elif not engine.auto_n_max:
+            n_max = engine.n_max
+        elif job is not None:
+            widths = dict(job.widths)  # a copy: this thread may be counting meanwhile
+            n_max = max(widths, key=lambda w: (widths[w], w)) if widths else 0
+        else:
+            n_max = self.metrics.last_width
+        n_min = engine.n_min if spec.n_min is None else spec.n_min
+        return n_max, min(n_min, n_max), engine.p_min if spec.p_min is None else spec.p_min
+
+    # -- the thread ----------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            self._load()
+        except BaseException as exc:  # noqa: BLE001 - reported by the server, which exits
+            self.loaded.set_exception(exc)
+            return
+        self.loaded.set_result(None)
+        try:
+            while self._iterate():
+                pass
+        finally:
+            self._shutdown()
+
+    def _load(self) -> None:
+        from ..engine import Engine
+
+        c = self.config
+        n_ctx_total = c.n_ctx_total or n_ctx_train(c.model)
+        devices.add_rpc_servers(c.rpc)
+        engine = Engine(c.model, c.drafter, n_ctx=max(n_ctx_total // c.n_slots, 16), n_threads=c.n_threads,
+                        n_gpu_layers=c.n_gpu_layers, n_max=c.n_max, n_min=c.n_min, p_min=c.p_min,
+                        n_seq_max=c.n_slots, n_batch=c.n_batch, drafter_device=c.device_draft, verbose=c.verbose)
+        try:
+            self.n_ctx_slot = engine.target.info.n_ctx
+            if c.warmup:  # one short generation on every slot
+                bos = max(engine.target.info.token_bos, 0)
+                engine.generate_batch([[bos]] * c.n_slots, max_tokens=2, temperature=0, ignore_eos=True)
+                with engine.target._lock:
+                    for i in range(c.n_slots):  # the prompt caches start empty (the scheduler sees it)
+                        engine.target.rollback(0, seq_id=i)
+        except BaseException:
+            engine.close()
+            raise
+        self.engine = engine
+        with engine.target._lock:
+            self._snapshot()
+
+    def _iterate(self) -> bool:
+        """One round: inbox, one step, events. False once the server stops."""
+        with self._cond:
+            while not (self._inbox or self._cancels or self._stopping or self._live):
+                self._cond.wait()
+            if self._stopping:
+                return False
+            new, self._inbox = self._inbox, []
+            cancels, self._cancels = self._cancels, []
+        stalled = False
+        with self.engine.target._lock:
+            try:
+                for job in cancels:
+                    self._cancel(job)
+                for job in new:
+                    self._add(job)
+                if self._live:
+                    stalled = self._step()
+            except Exception as exc:  # noqa: BLE001 - the running jobs fail, the server keeps serving
+                traceback.print_exc()
+                self._fail_live(from_engine_error(exc))
+            self._snapshot()
+        self._flush()
+        if stalled:  # nothing could run this step: do not spin
+            with self._cond:
+                self._cond.wait(timeout=0.005)
+        return True
+
+    def _add(self, job: Job) -> None:
+        if job.cancelled.is_set():
+            return
+        try:
+            tokens = self._tokens(job)
+            seed = job.options["seed"] if job.options["seed"] is not None else random.getrandbits(32)
+            options = SamplingOptions.build(**{**job.options, "seed": seed})
+            sid = self.engine.scheduler.add(tokens, options, **self._spec_args(job.spec),
+                                            cache_prompt=job.cache_prompt and self.config.cache_prompt,
+                                            on_piece=functools.partial(self._on_piece, job))
+        except Exception as exc:  # noqa: BLE001 - bad input: answered 4xx
+            self._events.append((job, "error", from_engine_error(exc)))
+            return
+        job.seq_id, job.seed, job.n_prompt = sid, seed, len(tokens)
+        self._live[sid] = job
+        self._events.append((job, "start", len(tokens)))
+
+    def _cancel(self, job: Job) -> None:
+        if job.seq_id in self._live:
+            self.engine.scheduler.cancel(job.seq_id)
+
+    def _step(self) -> bool:
+        """One scheduler step; True when it could do nothing."""
+        sched = self.engine.scheduler
+        decoding = [v.job for v in self.slots if v.job is not None and v.info.state == "decode"]
+        info = sched.step()
+        self.metrics.add_step(info)
+        if info.n_decoding:
+            for job in decoding:
+                job.widths[info.width] += 1
+        done = sched.finished()
+        for sid in done:
+            self._finish(sid)
+        return info.n_rows == 0 and not done
+
+    def _finish(self, sid: int) -> None:
+        job = self._live.pop(sid, None)
+        try:
+            result = self.engine.scheduler.take(sid)
+        except Exception as exc:  # noqa: BLE001
+            if job is not None:
+                self._events.append((job, "error", from_engine_error(exc)))
+            return
+        self.metrics.add_result(result.stats)
+        if job is None or job.cancelled.is_set():
+            return  # its client left
+        if result.stats.stop_reason == "cancelled":
+            self._events.append((job, "error", APIError(503, "generation cancelled")))
+        else:
+            self._events.append((job, "done", result))
+
+    def _fail_live(self, err: APIError) -> None:
+        jobs, self._live = self._live, {}
+        for job in jobs.values():
+            self._events.append((job, "error", err))
+        self.engine.scheduler.abandon(list(jobs))
+
+    def _on_piece(self, job: Job, text: str) -> bool:
+        """Called inside a step for each piece of text a sequence commits; False stops it."""
+        if job.cancelled.is_set():
+            return False
+        if "\n" in text:
+            job.has_new_line = True
+        self._events.append((job, "piece", text))
+        return True
+
+    def _flush(self) -> None:
+        events, self._events = self._events, []
+        if events:
+            try:
+                self.loop.call_soon_threadsafe(_deliver, events)
+            except RuntimeError:  # the event loop is closed: nobody is listening
+                pass
+
+    def _snapshot(self) -> None:
+        sched = self.engine.scheduler
+        views = []
+        for i in range(sched.n_slots):
+            info = sched.slot(i)
+            job = self._live.get(info.id) if info.id else None
+            if job is not None:
+                job.slot = i
+            views.append(SlotView(info, job))
+        self.slots = tuple(views)
+        self.n_deferred = sum(1 for j in self._live.values() if j.slot < 0) + len(self._inbox)
+
+    def _tokens(self, job: Job) -> list[int]:
+        """The job's prompt tokens, checked against the vocabulary and the slot's context."""
+        target = self.engine.target
+        if job.kind == "chat":
+            tokens = target.tokenize(target.apply_chat_template(job.prompt), parse_special=True)
+        elif job.kind == "text":
+            tokens = target.tokenize(job.prompt)
+        else:
+            tokens = list(job.prompt)
+            bad = [t for t in tokens if not 0 <= t < target.info.n_vocab]
+            if bad:
+                raise APIError(400, f"token id {bad[0]} is outside the vocabulary (0..{target.info.n_vocab - 1})")
+        if not tokens:
+            raise APIError(400, "the prompt is empty")
+        n_ctx = self.n_ctx_slot
+        if len(tokens) >= n_ctx:
+            raise APIError(400, f"the request ({len(tokens)} prompt tokens) exceeds the available context size "
+                                f"({n_ctx} tokens per slot)", "exceed_context_size_error",
+                           n_prompt_tokens=len(tokens), n_ctx=n_ctx)
+        max_tokens = job.options["max_tokens"]
+        if max_tokens > 0 and len(tokens) + max_tokens > n_ctx:
+            raise APIError(400, f"max_tokens {max_tokens} + {len(tokens)} prompt tokens exceed the context size "
+                                f"({n_ctx} tokens per slot)", "exceed_context_size_error",
+                           n_prompt_tokens=len(tokens), n_ctx=n_ctx)
+        return tokens
+
+    def _spec_args(self, spec: Speculative) -> dict:
+        """A job's speculative overrides as ``Scheduler.add`` arguments (validated as the Engine's)."""
+        if self.engine.drafter is None:
+            return {}
+        return self.engine._call_spec(spec.n_max, spec.n_min, spec.p_min)
+
+    def _shutdown(self) -> None:
+        with self._cond:
+            self._stopping = True
+            inbox, self._inbox = self._inbox, []
+        err = APIError(503, "the server is shutting down")
+        for job in inbox + list(self._live.values()):
+            self._events.append((job, "error", err))
+        engine = self.engine
+        if engine is not None:
+            with engine.target._lock:
+                engine.scheduler.abandon(list(self._live))
+                self._live.clear()
+            self._flush()
+            engine.close()
+
+
+def _deliver(events: list[tuple[Job, str, Any]]) -> None:
+    """On the event loop: one step's events, in order."""
+    for job, kind, payload in events:
+        job.put(kind, payload)

@@ -1,0 +1,280 @@
+"""Request bodies -> ``Job``s: parsing and validation of the OpenAI / llama.cpp request fields.
+
+Everything here is checked on the event loop before anything is queued; what needs the model
+(tokenizing, the context size) is checked by the step loop (``loop.py``), which answers 400 the
+same way. A ``Job`` is one sequence to generate (a request with ``n`` choices or a list of
+prompts makes several); the step loop reports back on its ``out`` queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import threading
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .. import errors
+
+__all__ = ["APIError", "Common", "Job", "Speculative", "check_model", "field_value", "from_engine_error",
+           "make_jobs", "parse_body", "parse_common", "parse_messages", "parse_prompts"]
+
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    500: "server_error",
+    501: "not_supported_error",
+    503: "unavailable_error",
+}
+
+
+class APIError(Exception):
+    """An error answered as ``{"error": {"code", "message", "type"}}`` with an HTTP status."""
+
+    def __init__(self, status: int, message: str, type_: str | None = None, **extra: Any) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type_ or ERROR_TYPES.get(status, "invalid_request_error")
+        self.extra = extra
+
+    def body(self) -> dict:
+        return {"error": {"code": self.status, "message": self.message, "type": self.type, **self.extra}}
+
+
+def from_engine_error(exc: BaseException) -> APIError:
+    """The HTTP answer to an exception of the engine (bad input: 4xx; anything else: 500)."""
+    if isinstance(exc, APIError):
+        return exc
+    if isinstance(exc, errors.ContextFullError):
+        return APIError(400, str(exc), "exceed_context_size_error")
+    if isinstance(exc, (errors.InvalidArgumentError, errors.MismatchError)):
+        return APIError(400, str(exc))
+    if isinstance(exc, errors.UnsupportedError):
+        return APIError(501, str(exc))
+    return APIError(500, f"{type(exc).__name__}: {exc}")
+
+
+@dataclass(frozen=True)
+class Speculative:
+    """A request's ``speculative.*`` overrides (None: the server's)."""
+
+    n_max: int | None = None
+    n_min: int | None = None
+    p_min: float | None = None
+
+
+@dataclass
+class Job:
+    """One sequence to generate, from the handler that submitted it to the step loop and back.
+
+    Events put on ``out`` (on the event loop): ("start", index, n_prompt) once the prompt passed
+    its checks and the sequence is queued, ("piece", index, text), ("done", index, Result),
+    ("error", index, APIError). The fields below the line are the step loop's."""
+
+    index: int                        # choice index within its HTTP request
+    prompt: Any                       # str, list[int], or a list of chat messages
+    kind: str                         # "text", "tokens" or "chat"
+    options: dict                     # SamplingOptions keyword arguments (seed None: drawn per job)
+    spec: Speculative
+    cache_prompt: bool
+    out: asyncio.Queue
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    # -- set by the step loop
+    seq_id: int = 0                   # the scheduler's sequence id (0: not queued yet)
+    seed: int | None = None           # the seed it samples with
+    n_prompt: int = 0
+    slot: int = -1                    # the slot it was seen running in
+    has_new_line: bool = False
+    widths: Counter = field(default_factory=Counter)  # draft width -> steps it decoded in
+    # -- set on the event loop
+    answered: bool = False            # its "done" or "error" event was delivered
+
+    def put(self, kind: str, payload: Any) -> None:
+        """On the event loop: deliver an event to the waiting handler."""
+        self.answered = self.answered or kind in ("done", "error")
+        self.out.put_nowait((kind, self.index, payload))
+
+
+@dataclass(frozen=True)
+class Common:
+    """The fields shared by the completion endpoints."""
+
+    options: dict
+    spec: Speculative
+    n: int
+    stream: bool
+    cache_prompt: bool
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_num(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _is_bool(v: Any) -> bool:
+    return isinstance(v, bool)
+
+
+def field_value(body: dict, names: Sequence[str], check: Callable[[Any], bool], what: str,
+                default: Any = None) -> Any:
+    """The first of ``names`` present in ``body`` (400 when it fails ``check``), else ``default``."""
+    for name in names:
+        if name in body and body[name] is not None:
+            value = body[name]
+            if not check(value):
+                raise APIError(400, f"'{name}' must be {what}, got {json.dumps(value)[:80]}")
+            return value
+    return default
+
+
+def parse_body(raw: bytes) -> dict:
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise APIError(400, f"malformed JSON body: {exc}") from None
+    if not isinstance(body, dict):
+        raise APIError(400, "the JSON body must be an object")
+    return body
+
+
+def check_model(body: dict) -> None:
+    """As llama-server serving one model: any name is accepted (the answer names the served model)."""
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise APIError(400, "'model' must be a string")
+
+
+def _speculative(body: dict) -> Speculative:
+    """``speculative.n_max/n_min/p_min``: a nested object or llama.cpp's dotted keys."""
+    nested = body.get("speculative")
+    if nested is not None and not isinstance(nested, dict):
+        raise APIError(400, "'speculative' must be an object")
+    nested = nested or {}
+    values: dict[str, Any] = {}
+    for name in ("n_max", "n_min", "p_min"):
+        v = body.get(f"speculative.{name}", nested.get(name))
+        if v is None:
+            continue
+        if name == "p_min":
+            if not _is_num(v) or not 0.0 <= v <= 1.0:
+                raise APIError(400, "'speculative.p_min' must be a number in [0, 1]")
+            v = float(v)
+        elif not _is_int(v) or v < 0:
+            raise APIError(400, f"'speculative.{name}' must be an int >= 0")
+        values[name] = v
+    spec = Speculative(**values)
+    if spec.n_max is not None and spec.n_min is not None and spec.n_min > spec.n_max:
+        raise APIError(400, "'speculative.n_min' must not exceed 'speculative.n_max'")
+    return spec
+
+
+def _sampling(body: dict, max_names: Sequence[str]) -> dict:
+    opts: dict[str, Any] = {}
+    max_tokens = field_value(body, max_names, _is_int, "an int", -1)
+    if max_tokens < -1 or max_tokens == 0 and max_names[0] != "n_predict":
+        raise APIError(400, f"'{max_names[0]}' must be a positive int (or -1: until the end of the context)")
+    opts["max_tokens"] = max_tokens
+    temperature = field_value(body, ["temperature"], _is_num, "a number", 0.8)
+    if temperature < 0:
+        raise APIError(400, "'temperature' must be >= 0")
+    opts["temperature"] = float(temperature)
+    top_k = field_value(body, ["top_k"], _is_int, "an int", 40)
+    opts["top_k"] = max(top_k, 0)
+    top_p = field_value(body, ["top_p"], _is_num, "a number", 0.95)
+    if not 0.0 <= top_p <= 1.0:
+        raise APIError(400, "'top_p' must be in [0, 1]")
+    opts["top_p"] = float(top_p) if top_p > 0 else 1.0
+    min_p = field_value(body, ["min_p"], _is_num, "a number", 0.05)
+    if not 0.0 <= min_p <= 1.0:
+        raise APIError(400, "'min_p' must be in [0, 1]")
+    opts["min_p"] = float(min_p)
+    seed = field_value(body, ["seed"], _is_int, "an int", -1)
+    if not -1 <= seed < 2**63:
+        raise APIError(400, "'seed' must be an int in [-1, 2**63)")
+    opts["seed"] = None if seed == -1 else seed
+    stop = body.get("stop")
+    if stop is None:
+        stops: tuple[str, ...] = ()
+    elif isinstance(stop, str):
+        stops = (stop,)
+    elif isinstance(stop, list) and all(isinstance(s, str) for s in stop):
+        stops = tuple(stop)
+    else:
+        raise APIError(400, "'stop' must be a string or a list of strings")
+    opts["stop"] = tuple(s for s in stops if s)
+    opts["ignore_eos"] = field_value(body, ["ignore_eos"], _is_bool, "a boolean", False)
+    return opts
+
+
+def parse_common(body: dict, max_names: Sequence[str]) -> Common:
+    """Sampling, speculative overrides, ``n``, ``stream``, ``cache_prompt`` (and the model check)."""
+    check_model(body)
+    options = _sampling(body, max_names)
+    spec = _speculative(body)
+    n = field_value(body, ["n"], _is_int, "an int", 1)
+    if not 1 <= n <= 128:
+        raise APIError(400, "'n' must be in 1..128")
+    stream = field_value(body, ["stream"], _is_bool, "a boolean", False)
+    cache_prompt = field_value(body, ["cache_prompt"], _is_bool, "a boolean", True)
+    return Common(options=options, spec=spec, n=n, stream=stream, cache_prompt=cache_prompt)
+
+
+def parse_prompts(value: Any, name: str = "prompt") -> list[tuple[str, Any]]:
+    """A completion prompt: a string, a token list, or a list of either (one choice each)."""
+    if isinstance(value, str):
+        return [("text", value)]
+    if isinstance(value, list) and value and all(_is_int(t) for t in value):
+        return [("tokens", list(value))]
+    if isinstance(value, list) and value and all(isinstance(p, str) or (isinstance(p, list) and p and all(
+            _is_int(t) for t in p)) for p in value):
+        return [("text", p) if isinstance(p, str) else ("tokens", list(p)) for p in value]
+    raise APIError(400, f"'{name}' must be a string, a list of token ids, or a non-empty list of those")
+
+
+def parse_messages(value: Any) -> list[dict]:
+    if not isinstance(value, list) or not value:
+        raise APIError(400, "'messages' must be a non-empty list")
+    out = []
+    for m in value:
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise APIError(400, "each message must be an object with a string 'role'")
+        content = m.get("content")
+        if content is None:
+            content = ""
+        elif isinstance(content, list):  # OpenAI content parts: keep the text ones
+            parts = []
+            for part in content:
+                if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                    raise APIError(400, "only text content parts ({'type': 'text', 'text': str}) are supported")
+                parts.append(part["text"])
+            content = "".join(parts)
+        elif not isinstance(content, str):
+            raise APIError(400, "a message 'content' must be a string or a list of text parts")
+        out.append({"role": m["role"], "content": content})
+    return out
+
+
+def make_jobs(prompts: list[tuple[str, Any]], common: Common) -> tuple[list[Job], asyncio.Queue]:
+    """One job per (prompt, choice), sharing one event queue; choice j of a seeded request samples
+    with seed + j."""
+    out: asyncio.Queue = asyncio.Queue()
+    jobs = []
+    for p_i, (kind, prompt) in enumerate(prompts):
+        for j in range(common.n):
+            opts = dict(common.options)
+            if opts["seed"] is not None:
+                opts["seed"] += j
+            jobs.append(Job(index=p_i * common.n + j, prompt=prompt, kind=kind, options=opts, spec=common.spec,
+                            cache_prompt=common.cache_prompt, out=out))
+    return jobs, out
