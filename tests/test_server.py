@@ -768,6 +768,32 @@ def test_shipped_drafter_auto_busy_server_equals_plain_decoding(target_path, pla
     assert metrics["pydflash:requests_total"] == len(prompts)  # the warm-up is not a request
 
 
+def test_a_small_batch_truncates_drafts_and_chunks_prompts(target_path, drafter_path, alone, plain, tmp_path):
+    """-b 8 with 4 slots at n_max 3: 4 blocks of 4 rows do not fit one step, so drafts are cut to
+    the rows left and prompts (up to 20 tokens) are prefilled in chunks over several steps; every
+    answer still equals the request run alone."""
+    proc, base = _start(["-m", str(target_path), "-md", str(drafter_path), "--spec-draft-n-max", "3", "-np", "4",
+                         "-c", str(4 * 256), "-b", "8", "--metrics"], tmp_path / "small-batch.log")
+    prompts = [PROMPTS[0], "Write a short poem about the sea, the wind and the stars, in four lines:",
+               PROMPTS[5], PROMPTS[3]]
+    try:
+        def call(p: str):  # type: ignore[no-untyped-def]
+            return lambda: _post_json(base + "/completion", {"prompt": p, "n_predict": 16, "temperature": 0,
+                                                             "ignore_eos": True, "return_tokens": True})
+
+        outs = _in_threads([call(p) for p in prompts], [0.0, 0.0, 0.1, 0.2])
+        metrics = _metrics(base)
+    finally:
+        _stop(proc)
+    for p, out in zip(prompts, outs):
+        ref = alone(p, max_tokens=16, temperature=0, ignore_eos=True)
+        _assert_same_greedy(plain, plain.tokenize(p), ref.tokens, out["tokens"], what=p)
+        assert out["timings"]["draft_n"] > 0
+    assert len(plain.tokenize(prompts[1])) > 8
+    assert metrics["pydflash:rows_per_step_sum"] <= 8 * metrics["pydflash:rows_per_step_count"]
+    assert metrics["pydflash:prefill_rows_total"] == sum(len(plain.tokenize(p)) for p in prompts)
+
+
 def _upstream(target_path, extra: list[str], tmp: Path, prompts: list[str]) -> list[dict]:
     port = free_port()
     log = tmp / f"llama-server-{port}.log"
