@@ -475,17 +475,32 @@ def test_a_short_request_is_not_held_behind_a_long_one(server, alone, plain):
 
 
 def test_mixed_sampling_options_share_steps(server, alone, plain):
-    """Greedy, sampled (different temperatures, filters, seeds), stop strings and a per-request
-    n_max, all at once: each equals the same request run alone."""
+    """Greedy, sampled (temperatures, filters, seeds), a stop string and per-request n_max, all in
+    the same steps: each follows its own options.
+
+    - greedy requests equal the request run alone (tie-aware);
+    - sampled requests without drafts (speculative.n_max 0) equal the request run alone with the
+      same seed: each sequence samples the target's logits with its own filters and RNG;
+    - sampled requests whose filters leave one candidate (top_k 1, min_p 1) are greedy, drafts
+      and all;
+    - a seeded sampled request that drafts is not compared token for token: its path also
+      depends on the drafter's q, and the drafter's batched graph (one graph for the blocks of all
+      drafting sequences) is not bit-identical to a block drafted alone, so the seed reproduces
+      the path only for the same batch (seen: 1 run in 8 took another path at T 0.8). It must
+      finish like the request alone, and a high temperature must leave the greedy path."""
     stop_ref = alone(PROMPTS[6], max_tokens=16, temperature=0)
+    greedy = {"temperature": 0}
     cases = [
-        {"prompt": PROMPTS[0], "n_predict": 16, "temperature": 0},
-        {"prompt": PROMPTS[4], "n_predict": 16, "temperature": 0.8, "seed": 7},
-        {"prompt": PROMPTS[5], "n_predict": 16, "temperature": 1.0, "top_k": 5, "top_p": 0.9, "min_p": 0.0,
-         "seed": 3},
-        {"prompt": PROMPTS[1], "n_predict": 16, "temperature": 0.5, "min_p": 0.1, "seed": 11},
-        {"prompt": PROMPTS[6], "n_predict": 16, "temperature": 0, "stop": [stop_ref.text[6:9]]},
-        {"prompt": PROMPTS[7], "n_predict": 16, "temperature": 0, "speculative.n_max": 1},
+        ("greedy", {"prompt": PROMPTS[0], **greedy}),
+        ("same", {"prompt": PROMPTS[4], "temperature": 0.8, "seed": 7, "speculative.n_max": 0}),
+        ("same", {"prompt": PROMPTS[5], "temperature": 1.0, "top_k": 5, "top_p": 0.9, "min_p": 0.0, "seed": 3,
+                  "speculative.n_max": 0}),
+        ("greedy", {"prompt": PROMPTS[1], "temperature": 1.0, "top_k": 1, "seed": 11}),
+        ("greedy", {"prompt": PROMPTS[2], "temperature": 0.8, "min_p": 1.0, "seed": 12}),
+        ("drafted", {"prompt": PROMPTS[3], "temperature": 2.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0,
+                     "seed": 13}),
+        ("greedy", {"prompt": PROMPTS[6], **greedy, "stop": [stop_ref.text[6:9]]}),
+        ("greedy", {"prompt": PROMPTS[7], **greedy, "speculative.n_max": 1}),
     ]
     before = _metrics(server)
     barrier = threading.Barrier(len(cases))
@@ -493,25 +508,33 @@ def test_mixed_sampling_options_share_steps(server, alone, plain):
     def call(body: dict):  # type: ignore[no-untyped-def]
         def run() -> dict:
             barrier.wait()
-            return _post_json(server + "/completion", {**body, "return_tokens": True})
+            return _post_json(server + "/completion", {**body, "n_predict": 16, "ignore_eos": True,
+                                                       "return_tokens": True})
         return run
 
-    outs = _in_threads([call(c) for c in cases])
+    outs = _in_threads([call(body) for _, body in cases])
     after = _metrics(server)
-    for body, out in zip(cases, outs):
-        options = {"max_tokens": body["n_predict"], "temperature": body["temperature"]}
-        options.update({k: body[k] for k in ("top_k", "top_p", "min_p", "seed", "stop") if k in body})
-        ref = alone(body["prompt"], **options, **({"n_max": 1} if "speculative.n_max" in body else {}))
-        if body["temperature"] > 0:
-            assert out["content"] == ref.text, body
+    for (kind, body), out in zip(cases, outs):
+        prompt_tokens = plain.tokenize(body["prompt"])
+        if kind == "greedy":
+            ref = alone(body["prompt"], max_tokens=16, temperature=0, ignore_eos=True,
+                        **{k: body[k] for k in ("stop",) if k in body})
+            _assert_same_greedy(plain, prompt_tokens, _returned(ref), out["tokens"], what=str(body))
+        elif kind == "same":
+            ref = alone(body["prompt"], max_tokens=16, ignore_eos=True, n_max=0,
+                        **{k: body[k] for k in ("temperature", "top_k", "top_p", "min_p", "seed") if k in body})
+            assert out["tokens"] == ref.tokens, body
         else:
-            _assert_same_greedy(plain, plain.tokenize(body["prompt"]), _returned(ref), out["tokens"],
-                                what=body["prompt"])
-    assert outs[4]["stop_type"] == "word" and outs[4]["stopping_word"] == cases[4]["stop"][0]
-    assert outs[5]["generation_settings"]["speculative.n_max"] == 1
+            ref = alone(body["prompt"], max_tokens=16, temperature=0, ignore_eos=True)
+            assert out["tokens_predicted"] == 16 and out["tokens"] != ref.tokens
+            assert out["timings"]["draft_n"] > 0
+        assert out["generation_settings"]["temperature"] == body["temperature"]
+    assert outs[6]["stop_type"] == "word" and outs[6]["stopping_word"] == cases[6][1]["stop"][0]
+    assert outs[7]["generation_settings"]["speculative.n_max"] == 1
+    assert outs[1]["timings"]["draft_n"] == 0 and outs[1]["generation_settings"]["speculative.n_max"] == 0
     steps = after["pydflash:steps_total"] - before["pydflash:steps_total"]
     seqs = after["pydflash:sequences_per_step_sum"] - before["pydflash:sequences_per_step_sum"]
-    assert seqs / steps > 2  # they decoded together
+    assert seqs / steps > 3  # they decoded together
 
 
 def test_prompt_cache_reuse_equals_cold_prefill(server, client, alone, plain):
@@ -847,5 +870,6 @@ def test_auto_n_max_server_switches_a_losing_drafter_off(target_path, drafter_pa
         _stop(proc)
     for p, out in zip(PROMPTS[:3], outs):
         _assert_same_greedy_text(plain, plain.tokenize(p), reference(p), out["content"], what=p)
-    assert outs[-1]["timings"].get("draft_n", 0) == 0  # switched off after the probe
-    assert outs[-1]["generation_settings"]["speculative.n_max"] == 0
+    # switched off after the cold-start probe: at most an occasional re-probe drafts again
+    assert outs[-1]["timings"]["draft_n"] <= 2
+    assert outs[-1]["generation_settings"]["speculative.n_max"] == 0  # the width it ran with most
