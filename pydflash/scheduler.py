@@ -50,6 +50,7 @@ class SlotInfo:
     n_generated: int
     n_past: int
     n_cached: int     # tokens whose KV the slot holds
+    n_prompt_cached: int = 0  # of the running sequence's prompt: tokens reused from the cache
 
 
 _SLOT_STATES = {0: "idle", 1: "prefill", 2: "decode"}
@@ -220,7 +221,7 @@ class Scheduler:
         check(lib.dflash_scheduler_slot_info(self._h(), index, info))
         return SlotInfo(id=info.id, state=_SLOT_STATES.get(info.state, "idle"), n_prompt=info.n_prompt,
                         n_prefilled=info.n_prefilled, n_generated=info.n_generated, n_past=info.n_past,
-                        n_cached=info.n_cached)
+                        n_cached=info.n_cached, n_prompt_cached=info.n_prompt_cached)
 
     @property
     def n_slots(self) -> int:

@@ -510,6 +510,7 @@ typedef struct dflash_slot_info {
     int32_t state;        /* 0 idle, 1 prefilling, 2 decoding */
     int32_t n_prompt, n_prefilled, n_generated, n_past;
     int32_t n_cached;     /* tokens whose KV the slot holds (reusable by the next request) */
+    int32_t n_prompt_cached;  /* of the running sequence's prompt: tokens reused from the cache */
 } dflash_slot_info;
 
 /* What auto mode has learned (to remember across processes): target step time by total rows

@@ -278,6 +278,7 @@ void Scheduler::slot_info(int32_t slot, dflash_slot_info * out) const {
         out->n_prefilled = s->n_prefilled;
         out->n_generated = s->out->stats.n_generated;
         out->n_past = s->n_past;
+        out->n_prompt_cached = s->out->stats.n_cached;
     }
 }
 

@@ -146,6 +146,7 @@ class HTTPServer:
             "id_task": job.seq_id,
             "n_prompt_tokens": info.n_prompt,
             "n_prompt_tokens_processed": info.n_prefilled,
+            "n_prompt_tokens_cache": info.n_prompt_cached,
             "params": self._settings(job),
             "next_token": [{"has_next_token": info.state != "idle", "has_new_line": job.has_new_line,
                             "n_remain": max_tokens - info.n_generated if max_tokens >= 0 else -1,
