@@ -144,23 +144,26 @@ Traits g_traits;
 class Extra final : public ggml::cpu::extra_buffer_type {
   public:
     bool supports_op(ggml_backend_dev_t, const ggml_tensor * op) override {
+        // ggml-cpu asks the buffer type of the first of src[0..3] that is an extra buffer
+        const ggml_tensor * ours = nullptr;
+        for (int i = 0; i < 4 && !ours; ++i) {
+            if (in_our_buffer(op->src[i])) ours = op->src[i];
+        }
+        if (!ours) return false;
         const ggml_tensor * w = op->src[0];
-        if (!in_our_buffer(w)) {
-            return false;
+        if (ggml_backend_buffer_get_size(ours->buffer) == 0) {
+            // llama.cpp's placement probe (a 0-byte buffer): take a weight only for the mat-muls
+            // we have kernels for
+            const TypeKernels * tk = kernels_for(int(w->type));
+            return placement_enabled() && op->op == GGML_OP_MUL_MAT && ours == w && tk && w->ne[2] == 1 &&
+                   w->ne[3] == 1 && op->src[1]->type == GGML_TYPE_F32 && w->ne[0] % tk->block == 0;
         }
-        const bool probe = ggml_backend_buffer_get_size(w->buffer) == 0;  // llama.cpp's placement test
-        if (probe) {
-            // take a weight only for mat-muls we have kernels for
-            return placement_enabled() && op->op == GGML_OP_MUL_MAT && kernels_for(int(w->type)) &&
-                   w->ne[2] == 1 && w->ne[3] == 1 && op->src[1]->type == GGML_TYPE_F32 &&
-                   w->ne[0] % kernels_for(int(w->type))->block == 0;
-        }
-        // a weight already in our buffer: it is in ggml's own layout in host memory, so whatever
-        // ggml-cpu can run on it is fine; mat-muls need src1 in host memory
-        for (int i = 1; i < GGML_MAX_SRC; ++i) {
+        // a tensor already in our buffer is in ggml's own layout in host memory, so whatever
+        // ggml-cpu runs on host tensors is fine
+        for (int i = 0; i < GGML_MAX_SRC; ++i) {
             if (op->src[i] && op->src[i]->buffer && !ggml_backend_buft_is_host(op->src[i]->buffer->buft)) return false;
         }
-        if (op->op == GGML_OP_MUL_MAT) {
+        if (op->op == GGML_OP_MUL_MAT && ours == w) {
             const ggml_type vdt = ggml_get_type_traits_cpu(w->type)->vec_dot_type;
             return op->src[1]->type == GGML_TYPE_F32 || op->src[1]->type == vdt;
         }

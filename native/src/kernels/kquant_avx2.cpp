@@ -1,8 +1,9 @@
 // K-quants (Q4_K, Q5_K, Q6_K), AVX2 + FMA + F16C path (chosen at run time by dispatch.cpp; this
 // file is compiled with per-function target attributes, so the baseline build needs no flags).
 //
-// Per weight row and super-block: unpack the 256 quants once into an L1 scratch (unsigned bytes,
-// natural order), decode the scales/mins once, then run every activation row over it:
+// Per weight row and super-block: decode the scales/mins once, derive each 32-quant vector once
+// per group of up to 8 activation rows (straight from the block, in registers), and run the
+// group's rows over it:
 //   int32 lanes += madd16(maddubs(w_u8, a_s8), scale16)        (3 ops per 32 weights and row)
 // The float work (scale d*d_a, the mins / Q6_K's -32 offset via the activation's 16-sums) happens
 // once per super-block and row. Rows are taken in groups of up to 8 (register budget).
@@ -17,6 +18,12 @@
 #elif defined(__GNUC__)
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
+#endif
+
+#if defined(__clang__)
+#define DFLASH_UNROLL _Pragma("unroll")
+#else
+#define DFLASH_UNROLL _Pragma("GCC unroll 16")
 #endif
 
 namespace dflash::kern::avx2 {
@@ -36,142 +43,144 @@ inline float h2f(const uint8_t * p) {
     return _cvtsh_ss(h);
 }
 
-// One unpacked super-block.
-struct alignas(32) Block {
-    uint8_t q[256];     // unsigned quants in element order
-    int16_t sc[16];     // Q4_K/Q5_K: 8 scales (per 32); Q6_K: 16 scales (per 16)
-    int16_t mexp[16];   // Q4_K/Q5_K: mins expanded per 16-group; Q6_K: -32*scale per 16-group
-    float   d, dmin;
+enum class KQ { q4, q5, q6 };
+
+// Per super-block state shared by all activation rows: integer scales, the mins (Q4_K/Q5_K) or
+// -32*scale (Q6_K) per 16-element activation group, the float scales. Written with vector
+// stores only (many small stores followed by one wide load would stall store forwarding).
+struct alignas(32) Head {
+    alignas(32) int16_t sc[16];    // Q4_K/Q5_K: 8 scales (per 32); Q6_K: 16 scales (per 16)
+    alignas(32) int16_t mexp[16];  // per 16-group multiplier of the activation's 16-sums
+    float           d, dmin;
+    const uint8_t * blk;
+    __m256i         qh;            // Q5_K: the high-bit bytes
 };
 
-inline void unpack_q4_K(const uint8_t * blk, Block & u) {
-    u.d    = h2f(blk);
-    u.dmin = h2f(blk + 2);
-    for (int s = 0; s < 8; ++s) {
-        int sc, m;
-        kq_scale_min(s, blk + 4, sc, m);
-        u.sc[s]           = int16_t(sc);
-        u.mexp[2 * s]     = int16_t(m);
-        u.mexp[2 * s + 1] = int16_t(m);
+// The 12 scale bytes of Q4_K/Q5_K -> 8 scales and 8 mins, with 32-bit word operations.
+inline void kq_scales(const uint8_t * s, Head & h) {
+    uint32_t w0, w1, w2;
+    std::memcpy(&w0, s, 4);
+    std::memcpy(&w1, s + 4, 4);
+    std::memcpy(&w2, s + 8, 4);
+    const uint32_t sc_lo = w0 & 0x3f3f3f3fu;
+    const uint32_t m_lo  = w1 & 0x3f3f3f3fu;
+    const uint32_t sc_hi = (w2 & 0x0f0f0f0fu) | (((w0 >> 6) & 0x03030303u) << 4);
+    const uint32_t m_hi  = ((w2 >> 4) & 0x0f0f0f0fu) | (((w1 >> 6) & 0x03030303u) << 4);
+    const __m128i  scv   = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(int64_t(uint64_t(sc_lo) | (uint64_t(sc_hi) << 32))));
+    const __m128i  mv    = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(int64_t(uint64_t(m_lo) | (uint64_t(m_hi) << 32))));
+    _mm_store_si128(reinterpret_cast<__m128i *>(h.sc), scv);
+    _mm256_store_si256(reinterpret_cast<__m256i *>(h.mexp),
+                       _mm256_set_m128i(_mm_unpackhi_epi16(mv, mv), _mm_unpacklo_epi16(mv, mv)));
+}
+
+template <KQ k>
+inline void head(const uint8_t * blk, Head & h) {
+    h.blk = blk;
+    if constexpr (k == KQ::q6) {
+        h.d    = h2f(blk + 208);
+        h.dmin = 0.0f;
+        const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i *>(blk + 192)));
+        _mm256_store_si256(reinterpret_cast<__m256i *>(h.sc), sc16);
+        _mm256_store_si256(reinterpret_cast<__m256i *>(h.mexp), _mm256_mullo_epi16(sc16, _mm256_set1_epi16(-32)));
+    } else {
+        h.d    = h2f(blk);
+        h.dmin = h2f(blk + 2);
+        kq_scales(blk + 4, h);
+        if constexpr (k == KQ::q5) h.qh = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(blk + 16));
     }
+}
+
+// The 32 unsigned quants of sub-block c (elements 32c .. 32c+31), straight from the block.
+template <KQ k>
+inline __m256i wvec(const Head & h, int c) {
     const __m256i m4 = _mm256_set1_epi8(0x0F);
-    for (int c = 0; c < 4; ++c) {
-        const __m256i qv = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(blk + 16 + 32 * c));
-        _mm256_store_si256(reinterpret_cast<__m256i *>(u.q + 64 * c), _mm256_and_si256(qv, m4));
-        _mm256_store_si256(reinterpret_cast<__m256i *>(u.q + 64 * c + 32),
-                           _mm256_and_si256(_mm256_srli_epi16(qv, 4), m4));
+    if constexpr (k == KQ::q6) {
+        const int     hh = c >> 2, g = c & 3;
+        const __m256i l  = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(h.blk + 64 * hh + 32 * (g & 1)));
+        const __m256i qv = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(h.blk + 128 + 32 * hh));
+        const __m256i m2 = _mm256_set1_epi8(0x30);
+        const __m256i lo = (g >> 1) ? _mm256_and_si256(_mm256_srli_epi16(l, 4), m4) : _mm256_and_si256(l, m4);
+        __m256i       hi;
+        switch (g) {
+            case 0: hi = _mm256_and_si256(_mm256_slli_epi16(qv, 4), m2); break;
+            case 1: hi = _mm256_and_si256(_mm256_slli_epi16(qv, 2), m2); break;
+            case 2: hi = _mm256_and_si256(qv, m2); break;
+            default: hi = _mm256_and_si256(_mm256_srli_epi16(qv, 2), m2); break;
+        }
+        return _mm256_or_si256(lo, hi);
+    } else {
+        const uint8_t * qs = h.blk + (k == KQ::q4 ? 16 : 48);
+        const __m256i   qv = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(qs + 32 * (c >> 1)));
+        __m256i w = (c & 1) ? _mm256_and_si256(_mm256_srli_epi16(qv, 4), m4) : _mm256_and_si256(qv, m4);
+        if constexpr (k == KQ::q5) {
+            const __m256i bit = _mm256_set1_epi8(char(1 << c));
+            w = _mm256_or_si256(w, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(h.qh, bit), bit),
+                                                    _mm256_set1_epi8(0x10)));
+        }
+        return w;
     }
 }
 
-inline void unpack_q5_K(const uint8_t * blk, Block & u) {
-    u.d    = h2f(blk);
-    u.dmin = h2f(blk + 2);
-    for (int s = 0; s < 8; ++s) {
-        int sc, m;
-        kq_scale_min(s, blk + 4, sc, m);
-        u.sc[s]           = int16_t(sc);
-        u.mexp[2 * s]     = int16_t(m);
-        u.mexp[2 * s + 1] = int16_t(m);
-    }
-    const __m256i m4  = _mm256_set1_epi8(0x0F);
-    const __m256i b4  = _mm256_set1_epi8(0x10);
-    const __m256i qh  = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(blk + 16));
-    for (int c = 0; c < 4; ++c) {
-        const __m256i qv  = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(blk + 48 + 32 * c));
-        const __m256i ulo = _mm256_set1_epi8(char(1 << (2 * c)));
-        const __m256i uhi = _mm256_set1_epi8(char(2 << (2 * c)));
-        const __m256i hlo = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, ulo), ulo), b4);
-        const __m256i hhi = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, uhi), uhi), b4);
-        _mm256_store_si256(reinterpret_cast<__m256i *>(u.q + 64 * c), _mm256_or_si256(_mm256_and_si256(qv, m4), hlo));
-        _mm256_store_si256(reinterpret_cast<__m256i *>(u.q + 64 * c + 32),
-                           _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(qv, 4), m4), hhi));
-    }
-}
-
-inline void unpack_q6_K(const uint8_t * blk, Block & u) {
-    const int8_t * sc = reinterpret_cast<const int8_t *>(blk + 192);
-    u.d               = h2f(blk + 208);
-    u.dmin            = 0.0f;
-    for (int s = 0; s < 16; ++s) {
-        u.sc[s]   = sc[s];
-        u.mexp[s] = int16_t(-32 * sc[s]);
-    }
-    const __m256i m4 = _mm256_set1_epi8(0x0F);
-    const __m256i m2 = _mm256_set1_epi8(0x30);
-    for (int h = 0; h < 2; ++h) {
-        const __m256i l0 = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(blk + 64 * h));
-        const __m256i l1 = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(blk + 64 * h + 32));
-        const __m256i hv = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(blk + 128 + 32 * h));
-        uint8_t *     q  = u.q + 128 * h;
-        _mm256_store_si256(reinterpret_cast<__m256i *>(q + 0),
-                           _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(hv, 4), m2)));
-        _mm256_store_si256(reinterpret_cast<__m256i *>(q + 32),
-                           _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(hv, 2), m2)));
-        _mm256_store_si256(reinterpret_cast<__m256i *>(q + 64),
-                           _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(hv, m2)));
-        _mm256_store_si256(reinterpret_cast<__m256i *>(q + 96),
-                           _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
-                                           _mm256_and_si256(_mm256_srli_epi16(hv, 2), m2)));
-    }
-}
-
-// G activation rows against one unpacked super-block b. Q4_K/Q5_K (kSixteen = false): scale per
-// 32, mins with d_min. Q6_K (kSixteen = true): scale per 16, the -32 offset folded into the
-// integer sum through the activation's 16-sums.
-template <int G, bool kSixteen>
-inline void rows_block(const Block & u, const uint8_t * const * arow, int64_t K, int64_t b, __m256 * accf) {
+// G activation rows against super-block b: int32 lanes += madd16(maddubs(w, a), scale), then
+// once per block and row the float step. Q4_K/Q5_K: scale per 32, mins with d_min through the
+// activation's 16-sums. Q6_K: scale per 16, the -32 offset folded into the integer sum.
+template <int G, KQ k>
+inline void rows_block(const Head & h, const uint8_t * const * arow, int64_t K, int64_t b, __m256 * accf) {
     __m256i isum[G];
+    DFLASH_UNROLL
     for (int g = 0; g < G; ++g) isum[g] = _mm256_setzero_si256();
     const size_t qoff = size_t(b) * 256;
+    DFLASH_UNROLL
     for (int c = 0; c < 8; ++c) {
-        const __m256i w = _mm256_load_si256(reinterpret_cast<const __m256i *>(u.q + 32 * c));
+        const __m256i w = wvec<k>(h, c);
         __m256i       s;
-        if (kSixteen) {
-            s = _mm256_set_m128i(_mm_set1_epi16(u.sc[2 * c + 1]), _mm_set1_epi16(u.sc[2 * c]));
+        if constexpr (k == KQ::q6) {
+            s = _mm256_set_m128i(_mm_set1_epi16(h.sc[2 * c + 1]), _mm_set1_epi16(h.sc[2 * c]));
         } else {
-            s = _mm256_set1_epi16(u.sc[c]);
+            s = _mm256_set1_epi16(h.sc[c]);
         }
+        DFLASH_UNROLL
         for (int g = 0; g < G; ++g) {
             const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(arow[g] + qoff + 32 * c));
             isum[g]         = _mm256_add_epi32(isum[g], _mm256_madd_epi16(_mm256_maddubs_epi16(w, a), s));
         }
     }
-    const __m256i mexp = _mm256_load_si256(reinterpret_cast<const __m256i *>(u.mexp));
+    const __m256i mexp = _mm256_load_si256(reinterpret_cast<const __m256i *>(h.mexp));
+    DFLASH_UNROLL
     for (int g = 0; g < G; ++g) {
         const float *   ad   = reinterpret_cast<const float *>(arow[g] + K);
         const int16_t * bs   = reinterpret_cast<const int16_t *>(arow[g] + K + (K / 256) * 4) + b * 16;
-        const __m256i   bsv  = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(bs));
-        const __m256i   corr = _mm256_madd_epi16(bsv, mexp);
+        const __m256i   corr = _mm256_madd_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(bs)), mexp);
         const float     da   = ad[b];
-        if (kSixteen) {
-            accf[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(isum[g], corr)), _mm256_set1_ps(u.d * da), accf[g]);
+        if constexpr (k == KQ::q6) {
+            accf[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(isum[g], corr)), _mm256_set1_ps(h.d * da), accf[g]);
         } else {
-            accf[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[g]), _mm256_set1_ps(u.d * da), accf[g]);
-            accf[g] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(corr), _mm256_set1_ps(u.dmin * da), accf[g]);
+            accf[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[g]), _mm256_set1_ps(h.d * da), accf[g]);
+            accf[g] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(corr), _mm256_set1_ps(h.dmin * da), accf[g]);
         }
     }
 }
 
-template <bool kSixteen>
-inline void rows_dispatch(int G, const Block & u, const uint8_t * const * arow, int64_t K, int64_t b, __m256 * accf) {
+template <KQ k>
+inline void rows_dispatch(int G, const Head & h, const uint8_t * const * arow, int64_t K, int64_t b, __m256 * accf) {
     switch (G) {
-        case 1: rows_block<1, kSixteen>(u, arow, K, b, accf); break;
-        case 2: rows_block<2, kSixteen>(u, arow, K, b, accf); break;
-        case 3: rows_block<3, kSixteen>(u, arow, K, b, accf); break;
-        case 4: rows_block<4, kSixteen>(u, arow, K, b, accf); break;
-        case 5: rows_block<5, kSixteen>(u, arow, K, b, accf); break;
-        case 6: rows_block<6, kSixteen>(u, arow, K, b, accf); break;
-        case 7: rows_block<7, kSixteen>(u, arow, K, b, accf); break;
-        default: rows_block<8, kSixteen>(u, arow, K, b, accf); break;
+        case 1: rows_block<1, k>(h, arow, K, b, accf); break;
+        case 2: rows_block<2, k>(h, arow, K, b, accf); break;
+        case 3: rows_block<3, k>(h, arow, K, b, accf); break;
+        case 4: rows_block<4, k>(h, arow, K, b, accf); break;
+        case 5: rows_block<5, k>(h, arow, K, b, accf); break;
+        case 6: rows_block<6, k>(h, arow, K, b, accf); break;
+        case 7: rows_block<7, k>(h, arow, K, b, accf); break;
+        default: rows_block<8, k>(h, arow, K, b, accf); break;
     }
 }
 
 constexpr int kGroup = 8;
 
-template <int kBlockBytes, bool kSixteen, void (*Unpack)(const uint8_t *, Block &)>
+template <int kBlockBytes, KQ k>
 void matmul_kq(const MatMulArgs & A) {
     const int64_t   nb = A.K / 256;
-    Block           u;
+    Head            h;
     const uint8_t * arow[kMaxRows];
     for (int j = 0; j < A.n; ++j) arow[j] = A.a + j * A.a_row_bytes;
     // split the rows into groups of at most kGroup, as even as possible (16 -> 8+8, 12 -> 6+6)
@@ -180,15 +189,12 @@ void matmul_kq(const MatMulArgs & A) {
         const uint8_t * wr = A.w + r * A.w_row_bytes;
         __m256          accf[kMaxRows];
         for (int j = 0; j < A.n; ++j) accf[j] = _mm256_setzero_ps();
-        if (r + 1 < A.r1) {
-            _mm_prefetch(reinterpret_cast<const char *>(wr + A.w_row_bytes), _MM_HINT_T0);
-        }
         for (int64_t b = 0; b < nb; ++b) {
-            Unpack(wr + b * kBlockBytes, u);
+            head<k>(wr + b * kBlockBytes, h);
             int j0 = 0;
             for (int gi = 0; gi < n_groups; ++gi) {
                 const int G = (A.n - j0) / (n_groups - gi);
-                rows_dispatch<kSixteen>(G, u, arow + j0, A.K, b, accf + j0);
+                rows_dispatch<k>(G, h, arow + j0, A.K, b, accf + j0);
                 j0 += G;
             }
         }
@@ -241,9 +247,9 @@ void quantize_a256(const float * x, uint8_t * row, int64_t K) {
     }
 }
 
-void matmul_q4_K(const MatMulArgs & A) { matmul_kq<144, false, unpack_q4_K>(A); }
-void matmul_q5_K(const MatMulArgs & A) { matmul_kq<176, false, unpack_q5_K>(A); }
-void matmul_q6_K(const MatMulArgs & A) { matmul_kq<210, true, unpack_q6_K>(A); }
+void matmul_q4_K(const MatMulArgs & A) { matmul_kq<144, KQ::q4>(A); }
+void matmul_q5_K(const MatMulArgs & A) { matmul_kq<176, KQ::q5>(A); }
+void matmul_q6_K(const MatMulArgs & A) { matmul_kq<210, KQ::q6>(A); }
 
 }  // namespace dflash::kern::avx2
 

@@ -19,6 +19,12 @@
 #pragma GCC target("avx2,fma,f16c")
 #endif
 
+#if defined(__clang__)
+#define DFLASH_UNROLL _Pragma("unroll")
+#else
+#define DFLASH_UNROLL _Pragma("GCC unroll 16")
+#endif
+
 namespace dflash::kern::avx2 {
 
 namespace {
@@ -87,6 +93,7 @@ inline void rows_block(__m256i w, float dw, const uint8_t * const * arow, int64_
     __m256i       wu   = w;
     if constexpr (kKind == Kind::q8_0) wu = _mm256_sign_epi8(w, w);  // |w|
     const __m256 dwv = _mm256_set1_ps(dw);
+    DFLASH_UNROLL
     for (int g = 0; g < G; ++g) {
         __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(arow[g] + b * 32));
         if constexpr (kKind == Kind::q8_0) a = _mm256_sign_epi8(a, w);
@@ -99,6 +106,7 @@ inline void rows_block(__m256i w, float dw, const uint8_t * const * arow, int64_
 template <int G, Kind kKind>
 inline void rows_all(const uint8_t * wr, int64_t nb, const uint8_t * const * arow, int64_t K, __m256 * accf) {
     constexpr int kBytes = block_bytes<kKind>();
+    DFLASH_UNROLL
     for (int g = 0; g < G; ++g) accf[g] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; ++b) {
         const uint8_t * blk = wr + b * kBytes;
