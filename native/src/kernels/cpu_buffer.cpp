@@ -23,6 +23,7 @@
 #include "ggml-backend.h"
 #include "ggml-cpu.h"
 #include "ggml-cpu-impl.h"
+#include "tiled/tiled.h"
 #include "traits.h"
 
 #include <algorithm>
@@ -74,16 +75,18 @@ const TypeKernels * covered(const ggml_tensor * op) {
     return tk;
 }
 
-size_t ggml_own_wsize(const ggml_tensor * op) {
+// What ggml-cpu's own mul_mat needs (ggml_graph_plan's MUL_MAT case): the fallback runs on it.
+size_t ggml_own_wsize(int n_threads, const ggml_tensor * op) {
     const ggml_type vdt = ggml_get_type_traits_cpu(op->src[0]->type)->vec_dot_type;
-    if (op->src[1]->type == vdt) return 0;
-    return ggml_row_size(vdt, ggml_nelements(op->src[1]));
+    size_t          cur = op->src[1]->type == vdt ? 0 : ggml_row_size(vdt, ggml_nelements(op->src[1]));
+    cur = (cur + 63) & ~size_t(63);
+    return cur + ggml_tiled_wdata_size(n_threads, const_cast<ggml_tensor *>(op));
 }
 
 class Traits final : public ggml::cpu::tensor_traits {
   public:
-    bool work_size(int /*n_threads*/, const ggml_tensor * op, size_t & size) override {
-        size_t need = ggml_own_wsize(op);
+    bool work_size(int n_threads, const ggml_tensor * op, size_t & size) override {
+        size_t need = ggml_own_wsize(n_threads, op);
         if (const TypeKernels * tk = covered(op)) {
             const int64_t rows = op->src[1]->ne[1] * op->src[1]->ne[2] * op->src[1]->ne[3];
             need = std::max(need, size_t(rows) * act_row_bytes(tk->act, op->src[0]->ne[0]) + 64);

@@ -36,7 +36,7 @@ bool parse_isa(const char * s, Isa * out) {
 }
 
 size_t act_row_bytes(Act act, int64_t K) {
-    size_t n = act == Act::a256 ? size_t(K) + size_t(K / 256) * 4 + size_t(K / 16) * 2
+    size_t n = act == Act::a256 ? size_t(K) + size_t(K / 256) * 4 + size_t(K / 16) * 2 + size_t(K / 32) * 4
                                 : size_t(K) + size_t(K / 32) * 8;
     return (n + 63) & ~size_t(63);
 }

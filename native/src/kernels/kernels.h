@@ -29,7 +29,8 @@ enum class Isa : int { scalar = 0, avx2 = 1, avx512 = 2 };
 const char * isa_name(Isa isa);
 
 // Activation layouts (one quantized row; rows are stored at a fixed stride):
-//   A256 (K-quants): int8 q[K] | float d[K/256] | int16 bsum[K/16]      x ~= d[b] * q
+//   A256 (K-quants): int8 q[K] | float d[K/256] | int16 bsum[K/16] | float ds[K/32]   x ~= d[b] * q
+//                    (bsum: sums of q per 16; ds: d[b] * sum of q per 32, for the Q4_K/Q5_K mins)
 //   A32  (legacy)  : int8 q[K] | float d[K/32]  | float s[K/32]          s[b] = d[b] * sum(q of b)
 // Scales: d = amax/127 of the block, q = round-to-nearest-even(x * 127/amax), |q| <= 127; every
 // ISA's quantizer gives bit-identical rows.
@@ -108,6 +109,7 @@ struct A256View {
     int8_t *  q;
     float *   d;
     int16_t * bsum;
+    float *   ds;
 };
 struct A32View {
     int8_t * q;
@@ -116,7 +118,8 @@ struct A32View {
 };
 inline A256View a256_view(uint8_t * row, int64_t K) {
     return {reinterpret_cast<int8_t *>(row), reinterpret_cast<float *>(row + K),
-            reinterpret_cast<int16_t *>(row + K + (K / 256) * 4)};
+            reinterpret_cast<int16_t *>(row + K + (K / 256) * 4),
+            reinterpret_cast<float *>(row + K + (K / 256) * 4 + (K / 16) * 2)};
 }
 inline A32View a32_view(uint8_t * row, int64_t K) {
     return {reinterpret_cast<int8_t *>(row), reinterpret_cast<float *>(row + K),

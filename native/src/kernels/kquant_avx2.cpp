@@ -82,6 +82,7 @@ inline void head(const uint8_t * blk, Head & h) {
         const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i *>(blk + 192)));
         _mm256_store_si256(reinterpret_cast<__m256i *>(h.sc), sc16);
         _mm256_store_si256(reinterpret_cast<__m256i *>(h.mexp), _mm256_mullo_epi16(sc16, _mm256_set1_epi16(-32)));
+        // sub-block c covers scales 2c (low 128 bits) and 2c+1 (high 128 bits)
     } else {
         h.d    = h2f(blk);
         h.dmin = h2f(blk + 2);
@@ -121,85 +122,123 @@ inline __m256i wvec(const Head & h, int c) {
     }
 }
 
-// G activation rows against super-block b: int32 lanes += madd16(maddubs(w, a), scale), then
-// once per block and row the float step. Q4_K/Q5_K: scale per 32, mins with d_min through the
-// activation's 16-sums. Q6_K: scale per 16, the -32 offset folded into the integer sum.
-template <int G, KQ k>
-inline void rows_block(const Head & h, const uint8_t * const * arow, int64_t K, int64_t b, __m256 * accf) {
-    __m256i isum[G];
+// G activation rows against one weight row, block by block:
+//   int32 lanes += madd16(maddubs(w, a), scale)          per 32 weights and row (3 ops)
+//   acc += float(lanes) * (d_w * d_a)                     per block and row
+// Q6_K's -32 offset goes into the integer sum through the activation's 16-sums (madd with
+// -32*scale). Q4_K/Q5_K's mins do not touch the block loop: they are
+//   sum_{b,s} (dmin_b * m_bs) * (d_a,b * sum_32(q_a))     one float dot of K/32 terms per row
+// with the weight side collected in wmin[] during the loop.
+template <int G, int kBlockBytes, KQ k>
+inline void group_rows(const uint8_t * wr, int64_t nb, const uint8_t * const * arow, int64_t K, float * wmin,
+                       float * out, Head & h, __m256 * accf) {
+    // accf and h live in the caller's memory: with 8 rows the integer sums take the registers
     DFLASH_UNROLL
-    for (int g = 0; g < G; ++g) isum[g] = _mm256_setzero_si256();
-    const size_t qoff = size_t(b) * 256;
-    DFLASH_UNROLL
-    for (int c = 0; c < 8; ++c) {
-        const __m256i w = wvec<k>(h, c);
-        __m256i       s;
+    for (int g = 0; g < G; ++g) accf[g] = _mm256_setzero_ps();
+    const int64_t bs_off = K + (K / 256) * 4;
+    for (int64_t b = 0; b < nb; ++b) {
+        head<k>(wr + b * kBlockBytes, h);
+        if constexpr (k != KQ::q6) {
+            // mins (odd entries of mexp, int16) -> dmin * m as 8 floats
+            const __m256i m16 = _mm256_load_si256(reinterpret_cast<const __m256i *>(h.mexp));
+            const __m256i m32 = _mm256_srli_epi32(m16, 16);  // the duplicated entries, as int32
+            _mm256_storeu_ps(wmin + b * 8, _mm256_mul_ps(_mm256_cvtepi32_ps(m32), _mm256_set1_ps(h.dmin)));
+        }
+        __m256i isum[G];
+        DFLASH_UNROLL
+        for (int g = 0; g < G; ++g) isum[g] = _mm256_setzero_si256();
+        const size_t qoff = size_t(b) * 256;
+        DFLASH_UNROLL
+        for (int c = 0; c < 8; ++c) {
+            const __m256i w = wvec<k>(h, c);
+            __m256i       s;
+            if constexpr (k == KQ::q6) {
+                s = _mm256_set_m128i(_mm_set1_epi16(h.sc[2 * c + 1]), _mm_set1_epi16(h.sc[2 * c]));
+            } else {
+                s = _mm256_set1_epi16(h.sc[c]);
+            }
+            DFLASH_UNROLL
+            for (int g = 0; g < G; ++g) {
+                const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(arow[g] + qoff + 32 * c));
+                isum[g]         = _mm256_add_epi32(isum[g], _mm256_madd_epi16(_mm256_maddubs_epi16(w, a), s));
+            }
+        }
+        const __m256 dv = _mm256_set1_ps(h.d);
         if constexpr (k == KQ::q6) {
-            s = _mm256_set_m128i(_mm_set1_epi16(h.sc[2 * c + 1]), _mm_set1_epi16(h.sc[2 * c]));
-        } else {
-            s = _mm256_set1_epi16(h.sc[c]);
+            const __m256i mexp = _mm256_load_si256(reinterpret_cast<const __m256i *>(h.mexp));
+            DFLASH_UNROLL
+            for (int g = 0; g < G; ++g) {
+                const __m256i bsv = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(arow[g] + bs_off + b * 32));
+                isum[g]           = _mm256_add_epi32(isum[g], _mm256_madd_epi16(bsv, mexp));
+            }
         }
         DFLASH_UNROLL
         for (int g = 0; g < G; ++g) {
-            const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(arow[g] + qoff + 32 * c));
-            isum[g]         = _mm256_add_epi32(isum[g], _mm256_madd_epi16(_mm256_maddubs_epi16(w, a), s));
+            const __m256 da = _mm256_broadcast_ss(reinterpret_cast<const float *>(arow[g] + K) + b);
+            accf[g]         = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[g]), _mm256_mul_ps(dv, da), accf[g]);
         }
     }
-    const __m256i mexp = _mm256_load_si256(reinterpret_cast<const __m256i *>(h.mexp));
     DFLASH_UNROLL
     for (int g = 0; g < G; ++g) {
-        const float *   ad   = reinterpret_cast<const float *>(arow[g] + K);
-        const int16_t * bs   = reinterpret_cast<const int16_t *>(arow[g] + K + (K / 256) * 4) + b * 16;
-        const __m256i   corr = _mm256_madd_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(bs)), mexp);
-        const float     da   = ad[b];
-        if constexpr (k == KQ::q6) {
-            accf[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(isum[g], corr)), _mm256_set1_ps(h.d * da), accf[g]);
-        } else {
-            accf[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[g]), _mm256_set1_ps(h.d * da), accf[g]);
-            accf[g] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(corr), _mm256_set1_ps(h.dmin * da), accf[g]);
+        float r = hsum8(accf[g]);
+        if constexpr (k != KQ::q6) {
+            const float * ds = reinterpret_cast<const float *>(arow[g] + bs_off + (K / 16) * 2);
+            __m256        m  = _mm256_setzero_ps();
+            for (int64_t i = 0; i < nb * 8; i += 8) {
+                m = _mm256_fmadd_ps(_mm256_loadu_ps(wmin + i), _mm256_loadu_ps(ds + i), m);
+            }
+            r -= hsum8(m);
         }
+        out[g] = r;
     }
 }
 
-template <KQ k>
-inline void rows_dispatch(int G, const Head & h, const uint8_t * const * arow, int64_t K, int64_t b, __m256 * accf) {
+template <int kBlockBytes, KQ k>
+inline void group_dispatch(int G, const uint8_t * wr, int64_t nb, const uint8_t * const * arow, int64_t K,
+                           float * wmin, float * out, Head & h, __m256 * accf) {
     switch (G) {
-        case 1: rows_block<1, k>(h, arow, K, b, accf); break;
-        case 2: rows_block<2, k>(h, arow, K, b, accf); break;
-        case 3: rows_block<3, k>(h, arow, K, b, accf); break;
-        case 4: rows_block<4, k>(h, arow, K, b, accf); break;
-        case 5: rows_block<5, k>(h, arow, K, b, accf); break;
-        case 6: rows_block<6, k>(h, arow, K, b, accf); break;
-        case 7: rows_block<7, k>(h, arow, K, b, accf); break;
-        default: rows_block<8, k>(h, arow, K, b, accf); break;
+        case 1: group_rows<1, kBlockBytes, k>(wr, nb, arow, K, wmin, out, h, accf); break;
+        case 2: group_rows<2, kBlockBytes, k>(wr, nb, arow, K, wmin, out, h, accf); break;
+        case 3: group_rows<3, kBlockBytes, k>(wr, nb, arow, K, wmin, out, h, accf); break;
+        case 4: group_rows<4, kBlockBytes, k>(wr, nb, arow, K, wmin, out, h, accf); break;
+        case 5: group_rows<5, kBlockBytes, k>(wr, nb, arow, K, wmin, out, h, accf); break;
+        case 6: group_rows<6, kBlockBytes, k>(wr, nb, arow, K, wmin, out, h, accf); break;
+        case 7: group_rows<7, kBlockBytes, k>(wr, nb, arow, K, wmin, out, h, accf); break;
+        default: group_rows<8, kBlockBytes, k>(wr, nb, arow, K, wmin, out, h, accf); break;
     }
 }
 
-constexpr int kGroup = 8;
+#ifndef DFLASH_KQ_GROUP
+#define DFLASH_KQ_GROUP 8
+#endif
+constexpr int kGroup = DFLASH_KQ_GROUP;
 
 template <int kBlockBytes, KQ k>
 void matmul_kq(const MatMulArgs & A) {
     const int64_t   nb = A.K / 256;
-    Head            h;
     const uint8_t * arow[kMaxRows];
     for (int j = 0; j < A.n; ++j) arow[j] = A.a + j * A.a_row_bytes;
     // split the rows into groups of at most kGroup, as even as possible (16 -> 8+8, 12 -> 6+6)
     const int n_groups = (A.n + kGroup - 1) / kGroup;
+    float     wmin_small[512];
+    float *   wmin = wmin_small;
+    float *   wmin_big = nullptr;
+    if (nb * 8 > 512) wmin = wmin_big = new float[size_t(nb) * 8];
+    float  out[kMaxRows];
+    Head   h;
+    __m256 accf[kGroup];
     for (int64_t r = A.r0; r < A.r1; ++r) {
         const uint8_t * wr = A.w + r * A.w_row_bytes;
-        __m256          accf[kMaxRows];
-        for (int j = 0; j < A.n; ++j) accf[j] = _mm256_setzero_ps();
-        for (int64_t b = 0; b < nb; ++b) {
-            head<k>(wr + b * kBlockBytes, h);
-            int j0 = 0;
-            for (int gi = 0; gi < n_groups; ++gi) {
-                const int G = (A.n - j0) / (n_groups - gi);
-                rows_dispatch<k>(G, h, arow + j0, A.K, b, accf + j0);
-                j0 += G;
-            }
+        _mm_prefetch(reinterpret_cast<const char *>(wr + 2 * A.w_row_bytes), _MM_HINT_T0);
+        int             j0 = 0;
+        for (int gi = 0; gi < n_groups; ++gi) {
+            const int G = (A.n - j0) / (n_groups - gi);
+            group_dispatch<kBlockBytes, k>(G, wr, nb, arow + j0, A.K, wmin, out + j0, h, accf);
+            j0 += G;
         }
-        for (int j = 0; j < A.n; ++j) A.c[j * A.c_row_floats + r] = hsum8(accf[j]);
+        for (int j = 0; j < A.n; ++j) A.c[j * A.c_row_floats + r] = out[j];
     }
+    delete[] wmin_big;
 }
 
 inline __m256 abs_ps(__m256 x) { return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), x); }
@@ -241,8 +280,10 @@ void quantize_a256(const float * x, uint8_t * row, int64_t K) {
             const __m256i sad = _mm256_sad_epu8(_mm256_xor_si256(q, _mm256_set1_epi8(char(0x80))), _mm256_setzero_si256());
             alignas(32) uint64_t s4[4];
             _mm256_store_si256(reinterpret_cast<__m256i *>(s4), sad);
-            v.bsum[b * 16 + 2 * c]     = int16_t(int(s4[0] + s4[1]) - 2048);
-            v.bsum[b * 16 + 2 * c + 1] = int16_t(int(s4[2] + s4[3]) - 2048);
+            const int s0 = int(s4[0] + s4[1]) - 2048, s1 = int(s4[2] + s4[3]) - 2048;
+            v.bsum[b * 16 + 2 * c]     = int16_t(s0);
+            v.bsum[b * 16 + 2 * c + 1] = int16_t(s1);
+            v.ds[b * 8 + c]            = v.d[b] * float(s0 + s1);
         }
     }
 }

@@ -41,6 +41,9 @@ void quantize_a256(const float * x, uint8_t * row, int64_t K) {
             }
             v.bsum[b * 16 + g] = int16_t(s);
         }
+        for (int g = 0; g < 8; ++g) {
+            v.ds[b * 8 + g] = v.d[b] * float(v.bsum[b * 16 + 2 * g] + v.bsum[b * 16 + 2 * g + 1]);
+        }
     }
 }
 
