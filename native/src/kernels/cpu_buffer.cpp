@@ -39,6 +39,7 @@ namespace {
 
 std::atomic<int> g_placement{-1};  // -1: follow PYDFLASH_KERNELS; 0 off; 1 on
 std::atomic<int> g_max_rows{-1};
+std::atomic<bool> g_legacy_single{false};  // tests: run one-row legacy mat-muls in our kernels too
 
 int max_rows() {
     int v = g_max_rows.load(std::memory_order_relaxed);
@@ -71,6 +72,10 @@ const TypeKernels * covered(const ggml_tensor * op) {
     if (op->nb[2] != op->nb[1] * op->ne[1] || op->nb[3] != op->nb[2] * op->ne[2]) return nullptr;
     const int64_t rows = x->ne[1] * x->ne[2] * x->ne[3];
     if (rows < 1 || rows > max_rows()) return nullptr;
+    // One row of a legacy 32-block type: nothing to share between rows, and ggml's AVX2 vec_dot
+    // was measured faster than ours there (a decode step of the 0.5B, mostly Q5_0/Q8_0); its
+    // kernels on the same bytes then. K-quants: ours is at least as fast from one row on.
+    if (rows == 1 && tk->block == 32 && !g_legacy_single.load(std::memory_order_relaxed)) return nullptr;
     if (ggml_get_op_params_i32(op, 1) != 0) return nullptr;  // a hint we do not implement
     return tk;
 }
@@ -218,6 +223,7 @@ bool placement_enabled() {
 
 void set_placement(int mode) { g_placement.store(mode < 0 ? -1 : (mode ? 1 : 0)); }
 void set_max_rows(int n) { g_max_rows.store(n); }
+void set_legacy_single_row(bool on) { g_legacy_single.store(on); }
 
 ggml_backend_buffer_type_t buffer_type() { return our_buft(); }
 

@@ -19,6 +19,9 @@ bool placement_enabled();
 void set_placement(int mode);
 // Most activation rows (of one mat-mul) our kernels take; -1 = PYDFLASH_KERNELS_MAX_ROWS / default.
 void set_max_rows(int n);
+// One-row mat-muls of the legacy types go to ggml's vec_dot (faster there); the self-test turns
+// that off to check our path.
+void set_legacy_single_row(bool on);
 
 ggml_backend_buffer_type_t buffer_type();
 

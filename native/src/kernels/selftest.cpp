@@ -132,6 +132,7 @@ int selftest(const char * isa_s, int n_threads, int quick, std::string & report,
     install();
     const int saved_rows = -1;
     set_max_rows(64);
+    set_legacy_single_row(true);
 
     ggml_backend_t cpu = ggml_backend_cpu_init();
     ggml_backend_cpu_set_n_threads(cpu, n_threads > 0 ? n_threads : 1);
@@ -266,6 +267,7 @@ int selftest(const char * isa_s, int n_threads, int quick, std::string & report,
     }
     set_isa(prev);
     set_max_rows(saved_rows);
+    set_legacy_single_row(false);
     ggml_backend_free(cpu);
     return failures;
 }
