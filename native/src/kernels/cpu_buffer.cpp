@@ -39,7 +39,7 @@ namespace {
 
 std::atomic<int> g_placement{-1};  // -1: follow PYDFLASH_KERNELS; 0 off; 1 on
 std::atomic<int> g_max_rows{-1};
-std::atomic<bool> g_legacy_single{false};  // tests: run one-row legacy mat-muls in our kernels too
+std::atomic<bool> g_legacy_single{true};  // tests: run one-row legacy mat-muls in our kernels too
 
 int max_rows() {
     int v = g_max_rows.load(std::memory_order_relaxed);
@@ -72,9 +72,10 @@ const TypeKernels * covered(const ggml_tensor * op) {
     if (op->nb[2] != op->nb[1] * op->ne[1] || op->nb[3] != op->nb[2] * op->ne[2]) return nullptr;
     const int64_t rows = x->ne[1] * x->ne[2] * x->ne[3];
     if (rows < 1 || rows > max_rows()) return nullptr;
-    // One row of a legacy 32-block type: nothing to share between rows, and ggml's AVX2 vec_dot
-    // was measured faster than ours there (a decode step of the 0.5B, mostly Q5_0/Q8_0); its
-    // kernels on the same bytes then. K-quants: ours is at least as fast from one row on.
+    // One row runs through our kernels too (g_legacy_single stays on): ggml's vec_dot would be a
+    // few % faster for one row of the legacy types, but then a plain step and a verify batch would
+    // use different numerics, and greedy speculative output would no longer equal plain decoding
+    // bit for bit (tests/test_speculative_loop.py asserts that).
     if (rows == 1 && tk->block == 32 && !g_legacy_single.load(std::memory_order_relaxed)) return nullptr;
     if (ggml_get_op_params_i32(op, 1) != 0) return nullptr;  // a hint we do not implement
     return tk;

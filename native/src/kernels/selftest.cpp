@@ -267,7 +267,7 @@ int selftest(const char * isa_s, int n_threads, int quick, std::string & report,
     }
     set_isa(prev);
     set_max_rows(saved_rows);
-    set_legacy_single_row(false);
+    set_legacy_single_row(true);
     ggml_backend_free(cpu);
     return failures;
 }
