@@ -99,6 +99,35 @@ dflash_status dflash_device_get_info(int32_t index, dflash_device_info * out);
 dflash_status dflash_add_rpc_server(const char * endpoint);
 
 /* ---------------------------------------------------------------------------------------------
+ * CPU verification kernels: multi-row quantized mat-mul (weights x 1..16 activation rows, each
+ * weight block unpacked once for all rows), plugged into ggml-cpu as an extra buffer type. A
+ * target (or CPU drafter) loaded while they are on places its Q4_K/Q5_K/Q6_K/Q8_0/Q5_0/Q4_1/Q4_0
+ * mat-mul weights there; other weights and shapes run through ggml's own kernels.
+ * Environment: PYDFLASH_KERNELS=0 (off for models loaded from then on), PYDFLASH_KERNELS_ISA=
+ * scalar|avx2|auto, PYDFLASH_KERNELS_MAX_ROWS=N (larger batches go to ggml; default 64).
+ * ------------------------------------------------------------------------------------------- */
+
+/* Whether a model loaded now would use them (registered with ggml-cpu and not switched off). */
+bool dflash_kernels_active(void);
+
+/* The ISA the kernels run now, and the best this CPU and build allow ("scalar", "avx2"; static
+ * strings). */
+const char * dflash_kernels_isa(void);
+const char * dflash_kernels_best_isa(void);
+
+/* Force an ISA for the mat-muls from now on ("scalar", "avx2" or "auto" = best), for tests and
+ * comparisons. DFLASH_ERR_UNSUPPORTED if this CPU/build lacks it (nothing changes then). */
+dflash_status dflash_kernels_set_isa(const char * isa);
+
+/* Check every kernel of `isa` ("auto" = best) against ggml's own CPU mat-mul on the same tensors
+ * (NMSE <= 5e-4) and a float64 dequantize-and-multiply reference, for all row counts 1..16 (and
+ * 17, 40, 70: chunked and fallback paths), odd shapes, through ggml-cpu with n_threads threads;
+ * quick = fewer shapes. *n_failed gets the failed cases, *worst_nmse the worst NMSE against ggml,
+ * report (may be NULL) a per-type summary, NUL-terminated and truncated to report_size. */
+dflash_status dflash_kernels_selftest(const char * isa, int32_t n_threads, bool quick, int32_t * n_failed,
+                                      double * worst_nmse, char * report, size_t report_size);
+
+/* ---------------------------------------------------------------------------------------------
  * Target model
  * ------------------------------------------------------------------------------------------- */
 

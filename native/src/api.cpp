@@ -11,6 +11,8 @@
 #include "output.h"
 #include "quantize.h"
 #include "target.h"
+#include "kernels/kernels.h"
+#include "kernels/kernels_backend.h"
 
 #include <algorithm>
 #include <cmath>
@@ -103,6 +105,50 @@ dflash_status dflash_add_rpc_server(const char * endpoint) {
 const char * dflash_llama_commit(void) { return PYDFLASH_LLAMA_COMMIT; }
 
 void dflash_set_verbose(bool verbose) { dflash::set_llama_log_verbose(verbose); }
+
+bool dflash_kernels_active(void) {
+    try {
+        return dflash::kern::install() && dflash::kern::placement_enabled();
+    } catch (...) {
+        return false;
+    }
+}
+
+const char * dflash_kernels_isa(void) { return dflash::kern::isa_name(dflash::kern::active_isa()); }
+const char * dflash_kernels_best_isa(void) { return dflash::kern::isa_name(dflash::kern::best_isa()); }
+
+dflash_status dflash_kernels_set_isa(const char * isa) {
+    return guarded([&] {
+        require(isa != nullptr, "isa is NULL");
+        dflash::kern::Isa want = dflash::kern::best_isa();
+        if (strcmp(isa, "auto") != 0 && !dflash::kern::parse_isa(isa, &want)) {
+            fail(DFLASH_ERR_INVALID_ARGUMENT, "unknown ISA '%s' (scalar, avx2, avx512, auto)", isa);
+        }
+        if (!dflash::kern::set_isa(want)) {
+            fail(DFLASH_ERR_UNSUPPORTED, "ISA '%s' is not available on this CPU/build (best: %s)", isa,
+                 dflash::kern::isa_name(dflash::kern::best_isa()));
+        }
+    });
+}
+
+dflash_status dflash_kernels_selftest(const char * isa, int32_t n_threads, bool quick, int32_t * n_failed,
+                                      double * worst_nmse, char * report, size_t report_size) {
+    return guarded([&] {
+        require(n_failed != nullptr && worst_nmse != nullptr, "n_failed / worst_nmse is NULL");
+        require(n_threads >= 1 && n_threads <= 256, "n_threads must be in 1..256");
+        std::string text;
+        const int   failed = dflash::kern::selftest(isa ? isa : "auto", n_threads, quick ? 1 : 0, text, *worst_nmse);
+        if (failed < 0) {
+            fail(DFLASH_ERR_UNSUPPORTED, "%s", text.c_str());
+        }
+        *n_failed = failed;
+        if (report && report_size > 0) {
+            const size_t n = std::min(report_size - 1, text.size());
+            std::memcpy(report, text.data(), n);
+            report[n] = '\0';
+        }
+    });
+}
 
 dflash_target_params dflash_target_default_params(void) {
     dflash_target_params p{};

@@ -5,6 +5,7 @@
 
 #include "error.h"
 #include "gguf_meta.h"
+#include "kernels/kernels_backend.h"
 
 #include "ggml-cpu.h"
 #include "gguf.h"
@@ -301,7 +302,13 @@ struct DrafterLoader {
 
     // Upload every declared tensor from the file (converting to F32 where forced).
     void upload() {
-        d.buf_weights_.reset(ggml_backend_alloc_ctx_tensors(d.ctx_weights_.get(), d.backend_weights()));
+        // on the CPU the weights go to our multi-row kernels' buffer type (plain host memory in
+        // ggml's layout; ggml-cpu runs everything else on it as usual)
+        ggml_backend_buffer_type_t wbuft = ggml_backend_get_default_buffer_type(d.backend_weights());
+        if (!d.backend_dev_ && kern::install() && kern::placement_enabled()) {
+            wbuft = kern::buffer_type();
+        }
+        d.buf_weights_.reset(ggml_backend_alloc_ctx_tensors_from_buft(d.ctx_weights_.get(), wbuft));
         if (!d.buf_weights_) {
             fail(DFLASH_ERR_BACKEND, "cannot allocate the drafter weights on %s", d.device_name_.c_str());
         }

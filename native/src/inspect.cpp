@@ -1,4 +1,5 @@
 // dflash_model_summarize: load a GGUF with libllama and report what it understood.
+#include "kernels/kernels_backend.h"
 #include "error.h"
 #include "gguf_check.h"
 
@@ -13,6 +14,7 @@ namespace dflash {
 
 void summarize_model(const char * path, dflash_model_summary & out) {
     check_gguf_file(path, "model");
+    kern::install();  // before llama.cpp reads ggml-cpu's extra buffer list (kernels/cpu_buffer.cpp)
     llama_backend_init();
     llama_model_params mp = llama_model_default_params();
     mp.n_gpu_layers = 0;

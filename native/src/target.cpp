@@ -2,6 +2,7 @@
 
 #include "error.h"
 #include "gguf_check.h"
+#include "kernels/kernels_backend.h"
 
 #include "ggml.h"
 #include "llama-ext.h"
@@ -31,6 +32,8 @@ Target::Target(const char * path, const dflash_target_params & params) {
     }
     check_gguf_file(path, "target model");
 
+    // our multi-row CPU kernels must be in ggml-cpu's extra buffer list before llama.cpp reads it
+    kern::install();
     llama_backend_init();
     llama_model_params mp = llama_model_default_params();
     mp.n_gpu_layers = params.n_gpu_layers;

@@ -1,0 +1,187 @@
+// The one place that chooses an ISA for the kernels: CPUID (+ XGETBV: the OS must save the
+// vector registers) at first use, then PYDFLASH_KERNELS_ISA=scalar|avx2 (or set_isa(), for
+// tests) may force a lower one. Asking for an ISA the CPU lacks is refused (falls back to the
+// best available, with a warning), so no path can raise an illegal instruction.
+#include "kernels.h"
+
+#include "ggml.h"
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+
+#if defined(DFLASH_KERNELS_X86)
+#include <cpuid.h>
+#endif
+
+namespace dflash::kern {
+
+const char * isa_name(Isa isa) {
+    switch (isa) {
+        case Isa::scalar: return "scalar";
+        case Isa::avx2:   return "avx2";
+        case Isa::avx512: return "avx512";
+    }
+    return "?";
+}
+
+bool parse_isa(const char * s, Isa * out) {
+    if (!s) return false;
+    if (!strcmp(s, "scalar")) { *out = Isa::scalar; return true; }
+    if (!strcmp(s, "avx2"))   { *out = Isa::avx2;   return true; }
+    if (!strcmp(s, "avx512")) { *out = Isa::avx512; return true; }
+    return false;
+}
+
+size_t act_row_bytes(Act act, int64_t K) {
+    size_t n = act == Act::a256 ? size_t(K) + size_t(K / 256) * 4 + size_t(K / 16) * 2 + size_t(K / 32) * 4
+                                : size_t(K) + size_t(K / 32) * 8;
+    return (n + 63) & ~size_t(63);
+}
+
+float half_to_float(uint16_t h) {
+    const uint32_t sign = uint32_t(h & 0x8000) << 16;
+    const uint32_t exp  = (h >> 10) & 0x1F;
+    const uint32_t man  = h & 0x3FF;
+    uint32_t       bits;
+    if (exp == 0x1F) {
+        bits = sign | 0x7F800000u | (man << 13);
+    } else if (exp != 0) {
+        bits = sign | ((exp + 112) << 23) | (man << 13);
+    } else if (man == 0) {
+        bits = sign;
+    } else {  // subnormal: value = man * 2^-24
+        float f = float(man) * (1.0f / 16777216.0f);
+        std::memcpy(&bits, &f, 4);
+        bits |= sign;
+    }
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return f;
+}
+
+namespace {
+
+bool cpu_has_avx2() {
+#if defined(DFLASH_KERNELS_X86)
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return false;
+    const bool fma = c & (1u << 12), osxsave = c & (1u << 27), avx = c & (1u << 28), f16c = c & (1u << 29);
+    if (!(fma && osxsave && avx && f16c)) return false;
+    unsigned xlo, xhi;
+    __asm__ volatile("xgetbv" : "=a"(xlo), "=d"(xhi) : "c"(0));
+    if ((xlo & 0x6) != 0x6) return false;  // XMM and YMM state saved by the OS
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+    return b & (1u << 5);  // AVX2
+#else
+    return false;
+#endif
+}
+
+Isa detect() { return cpu_has_avx2() ? Isa::avx2 : Isa::scalar; }
+
+Isa best() {
+    static const Isa b = detect();
+    return b;
+}
+
+std::atomic<int> g_active{-1};
+
+#define DFLASH_ROW(ns, type, blk, act, name) \
+    {type, blk, act, ns::matmul_##name, act == Act::a256 ? ns::quantize_a256 : ns::quantize_a32}
+
+const TypeKernels k_scalar[] = {
+    DFLASH_ROW(scalar, GGML_TYPE_Q4_K, 256, Act::a256, q4_K),
+    DFLASH_ROW(scalar, GGML_TYPE_Q5_K, 256, Act::a256, q5_K),
+    DFLASH_ROW(scalar, GGML_TYPE_Q6_K, 256, Act::a256, q6_K),
+    DFLASH_ROW(scalar, GGML_TYPE_Q4_0, 32, Act::a32, q4_0),
+    DFLASH_ROW(scalar, GGML_TYPE_Q4_1, 32, Act::a32, q4_1),
+    DFLASH_ROW(scalar, GGML_TYPE_Q5_0, 32, Act::a32, q5_0),
+    DFLASH_ROW(scalar, GGML_TYPE_Q8_0, 32, Act::a32, q8_0),
+};
+#if defined(DFLASH_KERNELS_X86)
+const TypeKernels k_avx2[] = {
+    DFLASH_ROW(avx2, GGML_TYPE_Q4_K, 256, Act::a256, q4_K),
+    DFLASH_ROW(avx2, GGML_TYPE_Q5_K, 256, Act::a256, q5_K),
+    DFLASH_ROW(avx2, GGML_TYPE_Q6_K, 256, Act::a256, q6_K),
+    DFLASH_ROW(avx2, GGML_TYPE_Q4_0, 32, Act::a32, q4_0),
+    DFLASH_ROW(avx2, GGML_TYPE_Q4_1, 32, Act::a32, q4_1),
+    DFLASH_ROW(avx2, GGML_TYPE_Q5_0, 32, Act::a32, q5_0),
+    DFLASH_ROW(avx2, GGML_TYPE_Q8_0, 32, Act::a32, q8_0),
+};
+#endif
+#undef DFLASH_ROW
+
+template <size_t N>
+const TypeKernels * find(const TypeKernels (&table)[N], int type) {
+    for (const auto & k : table) {
+        if (k.ggml_type == type) return &k;
+    }
+    return nullptr;
+}
+
+}  // namespace
+
+Isa best_isa() { return best(); }
+
+bool isa_available(Isa isa) {
+    switch (isa) {
+        case Isa::scalar: return true;
+        case Isa::avx2:   return best() >= Isa::avx2;
+        case Isa::avx512: return false;  // no AVX-512 path is built (see docs/verify-kernels.md)
+    }
+    return false;
+}
+
+Isa active_isa() {
+    int v = g_active.load(std::memory_order_relaxed);
+    if (v >= 0) return Isa(v);
+    Isa         isa = best();
+    const char * env = std::getenv("PYDFLASH_KERNELS_ISA");
+    if (env && *env && strcmp(env, "auto") != 0) {
+        Isa want;
+        if (!parse_isa(env, &want)) {
+            fprintf(stderr, "pydflash: PYDFLASH_KERNELS_ISA=%s is not one of scalar, avx2, avx512, auto; using %s\n",
+                    env, isa_name(isa));
+        } else if (!isa_available(want)) {
+            fprintf(stderr, "pydflash: PYDFLASH_KERNELS_ISA=%s is not available on this CPU/build; using %s\n",
+                    env, isa_name(isa));
+        } else {
+            isa = want;
+        }
+    }
+    int expected = -1;
+    g_active.compare_exchange_strong(expected, int(isa));
+    return Isa(g_active.load());
+}
+
+bool set_isa(Isa isa) {
+    if (!isa_available(isa)) return false;
+    g_active.store(int(isa));
+    return true;
+}
+
+const TypeKernels * kernels_for(int type, Isa isa) {
+    if (!isa_available(isa)) return nullptr;
+    switch (isa) {
+        case Isa::scalar: return find(k_scalar, type);
+#if defined(DFLASH_KERNELS_X86)
+        case Isa::avx2: return find(k_avx2, type);
+#endif
+        default: return nullptr;
+    }
+}
+
+const TypeKernels * kernels_for(int type) { return kernels_for(type, active_isa()); }
+
+bool enabled_from_env() {
+    // opt-in for now: one-row decode is a few % slower than ggml's repacked path on this machine
+    // class (docs/verify-kernels.md), so the default stays ggml's kernels
+    const char * env = std::getenv("PYDFLASH_KERNELS");
+    if (!env || !*env) return false;
+    return strcmp(env, "1") == 0 || strcmp(env, "on") == 0 || strcmp(env, "true") == 0 || strcmp(env, "yes") == 0;
+}
+
+}  // namespace dflash::kern

@@ -1,0 +1,301 @@
+// K-quants (Q4_K, Q5_K, Q6_K), AVX2 + FMA + F16C path (chosen at run time by dispatch.cpp; this
+// file is compiled with per-function target attributes, so the baseline build needs no flags).
+//
+// Per weight row and super-block: decode the scales/mins once, derive each 32-quant vector once
+// per group of up to 8 activation rows (straight from the block, in registers), and run the
+// group's rows over it:
+//   int32 lanes += madd16(maddubs(w_u8, a_s8), scale16)        (3 ops per 32 weights and row)
+// The float work (scale d*d_a, the mins / Q6_K's -32 offset via the activation's 16-sums) happens
+// once per super-block and row. Rows are taken in groups of up to 8 (register budget).
+#include "kernels.h"
+
+#include <immintrin.h>
+
+#include <cstring>
+
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
+#elif defined(__GNUC__)
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+#endif
+
+#if defined(__clang__)
+#define DFLASH_UNROLL _Pragma("unroll")
+#else
+#define DFLASH_UNROLL _Pragma("GCC unroll 16")
+#endif
+
+namespace dflash::kern::avx2 {
+
+namespace {
+
+inline float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s        = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s        = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+inline float h2f(const uint8_t * p) {
+    uint16_t h;
+    std::memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+}
+
+enum class KQ { q4, q5, q6 };
+
+// Per super-block state shared by all activation rows: integer scales, the mins (Q4_K/Q5_K) or
+// -32*scale (Q6_K) per 16-element activation group, the float scales. Written with vector
+// stores only (many small stores followed by one wide load would stall store forwarding).
+struct alignas(32) Head {
+    alignas(32) int16_t sc[16];    // Q4_K/Q5_K: 8 scales (per 32); Q6_K: 16 scales (per 16)
+    alignas(32) int16_t mexp[16];  // per 16-group multiplier of the activation's 16-sums
+    float           d, dmin;
+    const uint8_t * blk;
+    __m256i         qh;            // Q5_K: the high-bit bytes
+};
+
+// The 12 scale bytes of Q4_K/Q5_K -> 8 scales and 8 mins, with 32-bit word operations.
+inline void kq_scales(const uint8_t * s, Head & h) {
+    uint32_t w0, w1, w2;
+    std::memcpy(&w0, s, 4);
+    std::memcpy(&w1, s + 4, 4);
+    std::memcpy(&w2, s + 8, 4);
+    const uint32_t sc_lo = w0 & 0x3f3f3f3fu;
+    const uint32_t m_lo  = w1 & 0x3f3f3f3fu;
+    const uint32_t sc_hi = (w2 & 0x0f0f0f0fu) | (((w0 >> 6) & 0x03030303u) << 4);
+    const uint32_t m_hi  = ((w2 >> 4) & 0x0f0f0f0fu) | (((w1 >> 6) & 0x03030303u) << 4);
+    const __m128i  scv   = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(int64_t(uint64_t(sc_lo) | (uint64_t(sc_hi) << 32))));
+    const __m128i  mv    = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(int64_t(uint64_t(m_lo) | (uint64_t(m_hi) << 32))));
+    _mm_store_si128(reinterpret_cast<__m128i *>(h.sc), scv);
+    _mm256_store_si256(reinterpret_cast<__m256i *>(h.mexp),
+                       _mm256_set_m128i(_mm_unpackhi_epi16(mv, mv), _mm_unpacklo_epi16(mv, mv)));
+}
+
+template <KQ k>
+inline void head(const uint8_t * blk, Head & h) {
+    h.blk = blk;
+    if constexpr (k == KQ::q6) {
+        h.d    = h2f(blk + 208);
+        h.dmin = 0.0f;
+        const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i *>(blk + 192)));
+        _mm256_store_si256(reinterpret_cast<__m256i *>(h.sc), sc16);
+        _mm256_store_si256(reinterpret_cast<__m256i *>(h.mexp), _mm256_mullo_epi16(sc16, _mm256_set1_epi16(-32)));
+        // sub-block c covers scales 2c (low 128 bits) and 2c+1 (high 128 bits)
+    } else {
+        h.d    = h2f(blk);
+        h.dmin = h2f(blk + 2);
+        kq_scales(blk + 4, h);
+        if constexpr (k == KQ::q5) h.qh = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(blk + 16));
+    }
+}
+
+// The 32 unsigned quants of sub-block c (elements 32c .. 32c+31), straight from the block.
+template <KQ k>
+inline __m256i wvec(const Head & h, int c) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    if constexpr (k == KQ::q6) {
+        const int     hh = c >> 2, g = c & 3;
+        const __m256i l  = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(h.blk + 64 * hh + 32 * (g & 1)));
+        const __m256i qv = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(h.blk + 128 + 32 * hh));
+        const __m256i m2 = _mm256_set1_epi8(0x30);
+        const __m256i lo = (g >> 1) ? _mm256_and_si256(_mm256_srli_epi16(l, 4), m4) : _mm256_and_si256(l, m4);
+        __m256i       hi;
+        switch (g) {
+            case 0: hi = _mm256_and_si256(_mm256_slli_epi16(qv, 4), m2); break;
+            case 1: hi = _mm256_and_si256(_mm256_slli_epi16(qv, 2), m2); break;
+            case 2: hi = _mm256_and_si256(qv, m2); break;
+            default: hi = _mm256_and_si256(_mm256_srli_epi16(qv, 2), m2); break;
+        }
+        return _mm256_or_si256(lo, hi);
+    } else {
+        const uint8_t * qs = h.blk + (k == KQ::q4 ? 16 : 48);
+        const __m256i   qv = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(qs + 32 * (c >> 1)));
+        __m256i w = (c & 1) ? _mm256_and_si256(_mm256_srli_epi16(qv, 4), m4) : _mm256_and_si256(qv, m4);
+        if constexpr (k == KQ::q5) {
+            const __m256i bit = _mm256_set1_epi8(char(1 << c));
+            w = _mm256_or_si256(w, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(h.qh, bit), bit),
+                                                    _mm256_set1_epi8(0x10)));
+        }
+        return w;
+    }
+}
+
+// G activation rows against one weight row, block by block:
+//   int32 lanes += madd16(maddubs(w, a), scale)          per 32 weights and row (3 ops)
+//   acc += float(lanes) * (d_w * d_a)                     per block and row
+// Q6_K's -32 offset goes into the integer sum through the activation's 16-sums (madd with
+// -32*scale). Q4_K/Q5_K's mins do not touch the block loop: they are
+//   sum_{b,s} (dmin_b * m_bs) * (d_a,b * sum_32(q_a))     one float dot of K/32 terms per row
+// with the weight side collected in wmin[] during the loop.
+template <int G, int kBlockBytes, KQ k>
+inline void group_rows(const uint8_t * wr, int64_t nb, const uint8_t * const * arow, int64_t K, float * wmin,
+                       float * out, Head & h, __m256 * accf) {
+    // accf and h live in the caller's memory: with 8 rows the integer sums take the registers
+    DFLASH_UNROLL
+    for (int g = 0; g < G; ++g) accf[g] = _mm256_setzero_ps();
+    const int64_t bs_off = K + (K / 256) * 4;
+    for (int64_t b = 0; b < nb; ++b) {
+        head<k>(wr + b * kBlockBytes, h);
+        if constexpr (k != KQ::q6) {
+            // mins (odd entries of mexp, int16) -> dmin * m as 8 floats
+            const __m256i m16 = _mm256_load_si256(reinterpret_cast<const __m256i *>(h.mexp));
+            const __m256i m32 = _mm256_srli_epi32(m16, 16);  // the duplicated entries, as int32
+            _mm256_storeu_ps(wmin + b * 8, _mm256_mul_ps(_mm256_cvtepi32_ps(m32), _mm256_set1_ps(h.dmin)));
+        }
+        __m256i isum[G];
+        DFLASH_UNROLL
+        for (int g = 0; g < G; ++g) isum[g] = _mm256_setzero_si256();
+        const size_t qoff = size_t(b) * 256;
+        DFLASH_UNROLL
+        for (int c = 0; c < 8; ++c) {
+            const __m256i w = wvec<k>(h, c);
+            __m256i       s;
+            if constexpr (k == KQ::q6) {
+                s = _mm256_set_m128i(_mm_set1_epi16(h.sc[2 * c + 1]), _mm_set1_epi16(h.sc[2 * c]));
+            } else {
+                s = _mm256_set1_epi16(h.sc[c]);
+            }
+            DFLASH_UNROLL
+            for (int g = 0; g < G; ++g) {
+                const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(arow[g] + qoff + 32 * c));
+                isum[g]         = _mm256_add_epi32(isum[g], _mm256_madd_epi16(_mm256_maddubs_epi16(w, a), s));
+            }
+        }
+        const __m256 dv = _mm256_set1_ps(h.d);
+        if constexpr (k == KQ::q6) {
+            const __m256i mexp = _mm256_load_si256(reinterpret_cast<const __m256i *>(h.mexp));
+            DFLASH_UNROLL
+            for (int g = 0; g < G; ++g) {
+                const __m256i bsv = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(arow[g] + bs_off + b * 32));
+                isum[g]           = _mm256_add_epi32(isum[g], _mm256_madd_epi16(bsv, mexp));
+            }
+        }
+        DFLASH_UNROLL
+        for (int g = 0; g < G; ++g) {
+            const __m256 da = _mm256_broadcast_ss(reinterpret_cast<const float *>(arow[g] + K) + b);
+            accf[g]         = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[g]), _mm256_mul_ps(dv, da), accf[g]);
+        }
+    }
+    DFLASH_UNROLL
+    for (int g = 0; g < G; ++g) {
+        float r = hsum8(accf[g]);
+        if constexpr (k != KQ::q6) {
+            const float * ds = reinterpret_cast<const float *>(arow[g] + bs_off + (K / 16) * 2);
+            __m256        m  = _mm256_setzero_ps();
+            for (int64_t i = 0; i < nb * 8; i += 8) {
+                m = _mm256_fmadd_ps(_mm256_loadu_ps(wmin + i), _mm256_loadu_ps(ds + i), m);
+            }
+            r -= hsum8(m);
+        }
+        out[g] = r;
+    }
+}
+
+template <int kBlockBytes, KQ k>
+inline void group_dispatch(int G, const uint8_t * wr, int64_t nb, const uint8_t * const * arow, int64_t K,
+                           float * wmin, float * out, Head & h, __m256 * accf) {
+    switch (G) {
+        case 1: group_rows<1, kBlockBytes, k>(wr, nb, arow, K, wmin, out, h, accf); break;
+        case 2: group_rows<2, kBlockBytes, k>(wr, nb, arow, K, wmin, out, h, accf); break;
+        case 3: group_rows<3, kBlockBytes, k>(wr, nb, arow, K, wmin, out, h, accf); break;
+        case 4: group_rows<4, kBlockBytes, k>(wr, nb, arow, K, wmin, out, h, accf); break;
+        case 5: group_rows<5, kBlockBytes, k>(wr, nb, arow, K, wmin, out, h, accf); break;
+        case 6: group_rows<6, kBlockBytes, k>(wr, nb, arow, K, wmin, out, h, accf); break;
+        case 7: group_rows<7, kBlockBytes, k>(wr, nb, arow, K, wmin, out, h, accf); break;
+        default: group_rows<8, kBlockBytes, k>(wr, nb, arow, K, wmin, out, h, accf); break;
+    }
+}
+
+#ifndef DFLASH_KQ_GROUP
+#define DFLASH_KQ_GROUP 8
+#endif
+constexpr int kGroup = DFLASH_KQ_GROUP;
+
+template <int kBlockBytes, KQ k>
+void matmul_kq(const MatMulArgs & A) {
+    const int64_t   nb = A.K / 256;
+    const uint8_t * arow[kMaxRows];
+    for (int j = 0; j < A.n; ++j) arow[j] = A.a + j * A.a_row_bytes;
+    // split the rows into groups of at most kGroup, as even as possible (16 -> 8+8, 12 -> 6+6)
+    const int n_groups = (A.n + kGroup - 1) / kGroup;
+    float     wmin_small[512];
+    float *   wmin = wmin_small;
+    float *   wmin_big = nullptr;
+    if (nb * 8 > 512) wmin = wmin_big = new float[size_t(nb) * 8];
+    float  out[kMaxRows];
+    Head   h;
+    __m256 accf[kGroup];
+    for (int64_t r = A.r0; r < A.r1; ++r) {
+        const uint8_t * wr = A.w + r * A.w_row_bytes;
+        _mm_prefetch(reinterpret_cast<const char *>(wr + 2 * A.w_row_bytes), _MM_HINT_T0);
+        int             j0 = 0;
+        for (int gi = 0; gi < n_groups; ++gi) {
+            const int G = (A.n - j0) / (n_groups - gi);
+            group_dispatch<kBlockBytes, k>(G, wr, nb, arow + j0, A.K, wmin, out + j0, h, accf);
+            j0 += G;
+        }
+        for (int j = 0; j < A.n; ++j) A.c[j * A.c_row_floats + r] = out[j];
+    }
+    delete[] wmin_big;
+}
+
+inline __m256 abs_ps(__m256 x) { return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), x); }
+
+inline float hmax8(__m256 v) {
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m        = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m        = _mm_max_ss(m, _mm_movehdup_ps(m));
+    return _mm_cvtss_f32(m);
+}
+
+// 32 floats -> 32 int8 (RNE, as the scalar path), element order kept
+inline __m256i quant32(const float * x, __m256 id) {
+    const __m256i i0 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 0), id));
+    const __m256i i1 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 8), id));
+    const __m256i i2 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 16), id));
+    const __m256i i3 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 24), id));
+    const __m256i p  = _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3));
+    // packs work per 128-bit lane: dwords come out as 0 2 4 6 1 3 5 7 (in units of 4 elements)
+    return _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+}  // namespace
+
+void quantize_a256(const float * x, uint8_t * row, int64_t K) {
+    A256View v = a256_view(row, K);
+    for (int64_t b = 0; b < K / 256; ++b) {
+        const float * xb = x + b * 256;
+        __m256        mx = _mm256_setzero_ps();
+        for (int i = 0; i < 256; i += 8) mx = _mm256_max_ps(mx, abs_ps(_mm256_loadu_ps(xb + i)));
+        const float amax = hmax8(mx);
+        const float id   = amax > 0.0f ? 127.0f / amax : 0.0f;
+        v.d[b]           = amax / 127.0f;
+        const __m256 idv = _mm256_set1_ps(id);
+        for (int c = 0; c < 8; ++c) {
+            const __m256i q = quant32(xb + 32 * c, idv);
+            _mm256_storeu_si256(reinterpret_cast<__m256i *>(v.q + b * 256 + 32 * c), q);
+            // 16-sums: sad of (q ^ 0x80) against 0 gives 4 sums of 8 bytes, each +8*128
+            const __m256i sad = _mm256_sad_epu8(_mm256_xor_si256(q, _mm256_set1_epi8(char(0x80))), _mm256_setzero_si256());
+            alignas(32) uint64_t s4[4];
+            _mm256_store_si256(reinterpret_cast<__m256i *>(s4), sad);
+            const int s0 = int(s4[0] + s4[1]) - 2048, s1 = int(s4[2] + s4[3]) - 2048;
+            v.bsum[b * 16 + 2 * c]     = int16_t(s0);
+            v.bsum[b * 16 + 2 * c + 1] = int16_t(s1);
+            v.ds[b * 8 + c]            = v.d[b] * float(s0 + s1);
+        }
+    }
+}
+
+void matmul_q4_K(const MatMulArgs & A) { matmul_kq<144, KQ::q4>(A); }
+void matmul_q5_K(const MatMulArgs & A) { matmul_kq<176, KQ::q5>(A); }
+void matmul_q6_K(const MatMulArgs & A) { matmul_kq<210, KQ::q6>(A); }
+
+}  // namespace dflash::kern::avx2
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#elif defined(__GNUC__)
+#pragma GCC pop_options
+#endif

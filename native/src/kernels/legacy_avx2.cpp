@@ -1,0 +1,228 @@
+// Legacy 32-element block types (Q4_0, Q4_1, Q5_0, Q8_0), AVX2 + FMA + F16C path (chosen at run
+// time by dispatch.cpp; per-function target attributes, no file flags).
+//
+// Per weight row, per block: unpack the 32 quants once into a register, then for every
+// activation row: int32 lanes = madd16(maddubs(w, a), 1), acc += float(lanes) * (d_w * d_a).
+// The per-block offset terms (Q4_0's -8, Q5_0's -16, Q4_1's min) do not touch the inner loop:
+// they are  sum_b coef_w[b] * s_a[b]  over the row (s_a = d_a * sum(q_a)), one short float dot per
+// (weight row, activation row).
+#include "kernels.h"
+
+#include <immintrin.h>
+
+#include <cstring>
+
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
+#elif defined(__GNUC__)
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+#endif
+
+#if defined(__clang__)
+#define DFLASH_UNROLL _Pragma("unroll")
+#else
+#define DFLASH_UNROLL _Pragma("GCC unroll 16")
+#endif
+
+namespace dflash::kern::avx2 {
+
+namespace {
+
+inline float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s        = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s        = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+inline float h2f(const uint8_t * p) {
+    uint16_t h;
+    std::memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+}
+
+inline float hmax8(__m256 v) {
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m        = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m        = _mm_max_ss(m, _mm_movehdup_ps(m));
+    return _mm_cvtss_f32(m);
+}
+
+enum class Kind { q4_0, q4_1, q5_0, q8_0 };
+
+template <Kind k> constexpr int block_bytes() {
+    return k == Kind::q4_0 ? 18 : k == Kind::q4_1 ? 20 : k == Kind::q5_0 ? 22 : 34;
+}
+
+// nibbles of 16 bytes -> 32 unsigned bytes, low nibbles first
+inline __m256i nibbles(const uint8_t * qs) {
+    const __m128i q  = _mm_loadu_si128(reinterpret_cast<const __m128i *>(qs));
+    const __m128i m4 = _mm_set1_epi8(0x0F);
+    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), m4), _mm_and_si128(q, m4));
+}
+
+// bit l of a 32-bit word -> 0x10 in byte l
+inline __m256i bits_to_0x10(uint32_t qh) {
+    const __m256i v   = _mm256_set1_epi32(int(qh));
+    const __m256i idx = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                         2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+    const __m256i bit = _mm256_set1_epi64x(0x8040201008040201LL);
+    const __m256i b   = _mm256_and_si256(_mm256_shuffle_epi8(v, idx), bit);
+    return _mm256_and_si256(_mm256_cmpeq_epi8(b, bit), _mm256_set1_epi8(0x10));
+}
+
+template <Kind kKind>
+inline __m256i unpack(const uint8_t * blk) {
+    if constexpr (kKind == Kind::q8_0) {
+        return _mm256_loadu_si256(reinterpret_cast<const __m256i *>(blk + 2));
+    } else if constexpr (kKind == Kind::q4_0) {
+        return nibbles(blk + 2);
+    } else if constexpr (kKind == Kind::q4_1) {
+        return nibbles(blk + 4);
+    } else {
+        uint32_t qh;
+        std::memcpy(&qh, blk + 2, 4);
+        return _mm256_or_si256(nibbles(blk + 6), bits_to_0x10(qh));
+    }
+}
+
+template <int G, Kind kKind>
+inline void rows_block(__m256i w, float dw, const uint8_t * const * arow, int64_t K, int64_t b, __m256 * accf) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i       wu   = w;
+    if constexpr (kKind == Kind::q8_0) wu = _mm256_sign_epi8(w, w);  // |w|
+    const __m256 dwv = _mm256_set1_ps(dw);
+    DFLASH_UNROLL
+    for (int g = 0; g < G; ++g) {
+        __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(arow[g] + b * 32));
+        if constexpr (kKind == Kind::q8_0) a = _mm256_sign_epi8(a, w);
+        const __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(wu, a), ones);
+        const float   da  = reinterpret_cast<const float *>(arow[g] + K)[b];
+        accf[g]           = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(dot), dwv), _mm256_set1_ps(da), accf[g]);
+    }
+}
+
+template <int G, Kind kKind>
+inline void rows_all(const uint8_t * wr, int64_t nb, const uint8_t * const * arow, int64_t K, __m256 * accf) {
+    constexpr int kBytes = block_bytes<kKind>();
+    DFLASH_UNROLL
+    for (int g = 0; g < G; ++g) accf[g] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t * blk = wr + b * kBytes;
+        rows_block<G, kKind>(unpack<kKind>(blk), h2f(blk), arow, K, b, accf);
+    }
+}
+
+template <Kind kKind>
+inline void rows_dispatch(int G, const uint8_t * wr, int64_t nb, const uint8_t * const * arow, int64_t K, __m256 * accf) {
+    switch (G) {
+        case 1: rows_all<1, kKind>(wr, nb, arow, K, accf); break;
+        case 2: rows_all<2, kKind>(wr, nb, arow, K, accf); break;
+        case 3: rows_all<3, kKind>(wr, nb, arow, K, accf); break;
+        case 4: rows_all<4, kKind>(wr, nb, arow, K, accf); break;
+        case 5: rows_all<5, kKind>(wr, nb, arow, K, accf); break;
+        case 6: rows_all<6, kKind>(wr, nb, arow, K, accf); break;
+        case 7: rows_all<7, kKind>(wr, nb, arow, K, accf); break;
+        default: rows_all<8, kKind>(wr, nb, arow, K, accf); break;
+    }
+}
+
+constexpr int kGroup = 8;
+
+inline float dot_f32(const float * x, const float * y, int64_t n) {
+    __m256  acc = _mm256_setzero_ps();
+    int64_t i   = 0;
+    for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i), acc);
+    float s = hsum8(acc);
+    for (; i < n; ++i) s += x[i] * y[i];
+    return s;
+}
+
+template <Kind kKind>
+void matmul_legacy(const MatMulArgs & A) {
+    constexpr int   kBytes = block_bytes<kKind>();
+    const int64_t   nb     = A.K / 32;
+    const uint8_t * arow[kMaxRows];
+    for (int j = 0; j < A.n; ++j) arow[j] = A.a + j * A.a_row_bytes;
+    const int n_groups = (A.n + kGroup - 1) / kGroup;
+    // per-block weight coefficient of the activation block sums s_a (offset / min terms)
+    float coef[4096];
+    const bool has_coef = kKind != Kind::q8_0 && nb <= 4096;
+    for (int64_t r = A.r0; r < A.r1; ++r) {
+        const uint8_t * wr = A.w + r * A.w_row_bytes;
+        __m256          accf[kMaxRows];
+        int             j0 = 0;
+        for (int gi = 0; gi < n_groups; ++gi) {
+            const int G = (A.n - j0) / (n_groups - gi);
+            rows_dispatch<kKind>(G, wr, nb, arow + j0, A.K, accf + j0);
+            j0 += G;
+        }
+        if constexpr (kKind == Kind::q8_0) {
+            for (int j = 0; j < A.n; ++j) A.c[j * A.c_row_floats + r] = hsum8(accf[j]);
+        } else {
+            if (has_coef) {
+                for (int64_t b = 0; b < nb; ++b) {
+                    const uint8_t * blk = wr + b * kBytes;
+                    coef[b] = kKind == Kind::q4_0 ? -8.0f * h2f(blk) : kKind == Kind::q5_0 ? -16.0f * h2f(blk) : h2f(blk + 2);
+                }
+            }
+            for (int j = 0; j < A.n; ++j) {
+                const float * sa   = reinterpret_cast<const float *>(arow[j] + A.K + nb * 4);
+                float         corr = 0.0f;
+                if (has_coef) {
+                    corr = dot_f32(coef, sa, nb);
+                } else {
+                    for (int64_t b = 0; b < nb; ++b) {
+                        const uint8_t * blk = wr + b * kBytes;
+                        corr += sa[b] * (kKind == Kind::q4_0 ? -8.0f * h2f(blk) : kKind == Kind::q5_0 ? -16.0f * h2f(blk) : h2f(blk + 2));
+                    }
+                }
+                A.c[j * A.c_row_floats + r] = hsum8(accf[j]) + corr;
+            }
+        }
+    }
+}
+
+inline __m256 abs_ps(__m256 x) { return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), x); }
+
+}  // namespace
+
+void quantize_a32(const float * x, uint8_t * row, int64_t K) {
+    A32View v = a32_view(row, K);
+    for (int64_t b = 0; b < K / 32; ++b) {
+        const float * xb = x + b * 32;
+        const __m256  x0 = _mm256_loadu_ps(xb), x1 = _mm256_loadu_ps(xb + 8);
+        const __m256  x2 = _mm256_loadu_ps(xb + 16), x3 = _mm256_loadu_ps(xb + 24);
+        const __m256  mx = _mm256_max_ps(_mm256_max_ps(abs_ps(x0), abs_ps(x1)), _mm256_max_ps(abs_ps(x2), abs_ps(x3)));
+        const float   amax = hmax8(mx);
+        const float   id   = amax > 0.0f ? 127.0f / amax : 0.0f;
+        const float   d    = amax / 127.0f;
+        const __m256  idv  = _mm256_set1_ps(id);
+        const __m256i i0 = _mm256_cvtps_epi32(_mm256_mul_ps(x0, idv));
+        const __m256i i1 = _mm256_cvtps_epi32(_mm256_mul_ps(x1, idv));
+        const __m256i i2 = _mm256_cvtps_epi32(_mm256_mul_ps(x2, idv));
+        const __m256i i3 = _mm256_cvtps_epi32(_mm256_mul_ps(x3, idv));
+        __m256i       q  = _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3));
+        q                = _mm256_permutevar8x32_epi32(q, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        _mm256_storeu_si256(reinterpret_cast<__m256i *>(v.q + b * 32), q);
+        const __m256i sad = _mm256_sad_epu8(_mm256_xor_si256(q, _mm256_set1_epi8(char(0x80))), _mm256_setzero_si256());
+        const __m128i s2  = _mm_add_epi64(_mm256_castsi256_si128(sad), _mm256_extracti128_si256(sad, 1));
+        const int     sum = int(_mm_cvtsi128_si64(s2) + _mm_extract_epi64(s2, 1)) - 32 * 128;
+        v.d[b]            = d;
+        v.s[b]            = d * float(sum);
+    }
+}
+
+void matmul_q4_0(const MatMulArgs & A) { matmul_legacy<Kind::q4_0>(A); }
+void matmul_q4_1(const MatMulArgs & A) { matmul_legacy<Kind::q4_1>(A); }
+void matmul_q5_0(const MatMulArgs & A) { matmul_legacy<Kind::q5_0>(A); }
+void matmul_q8_0(const MatMulArgs & A) { matmul_legacy<Kind::q8_0>(A); }
+
+}  // namespace dflash::kern::avx2
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#elif defined(__GNUC__)
+#pragma GCC pop_options
+#endif

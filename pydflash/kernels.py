@@ -1,0 +1,46 @@
+"""pydflash's own multi-row CPU mat-mul kernels (verification batches; docs/verify-kernels.md).
+
+Opt-in (``PYDFLASH_KERNELS=1``): targets (and CPU drafters) loaded while the kernels are on keep their Q4_K/Q5_K/Q6_K/Q8_0/Q5_0/
+Q4_1/Q4_0 mat-mul weights in the kernels' ggml-cpu buffer type; batches of up to
+PYDFLASH_KERNELS_MAX_ROWS rows (default 64) then run through them, everything else through
+ggml's kernels. Unset or ``PYDFLASH_KERNELS=0``: ggml's own kernels for models loaded afterwards,
+``PYDFLASH_KERNELS_ISA=scalar|avx2`` forces a code path (default: the best the CPU has).
+"""
+
+from __future__ import annotations
+
+from ._bindings import check, ffi, lib
+
+__all__ = ["active", "isa", "best_isa", "set_isa", "selftest"]
+
+
+def active() -> bool:
+    """Whether a model loaded now would use the kernels."""
+    return bool(lib.dflash_kernels_active())
+
+
+def isa() -> str:
+    """The code path the kernels run now: "scalar" or "avx2"."""
+    return ffi.string(lib.dflash_kernels_isa()).decode()
+
+
+def best_isa() -> str:
+    """The best code path this CPU and build allow."""
+    return ffi.string(lib.dflash_kernels_best_isa()).decode()
+
+
+def set_isa(name: str) -> None:
+    """Force a code path ("scalar", "avx2", or "auto" = best) for the mat-muls from now on.
+    UnsupportedError if this CPU/build lacks it."""
+    check(lib.dflash_kernels_set_isa(name.encode()))
+
+
+def selftest(isa: str = "auto", n_threads: int = 1, quick: bool = False) -> tuple[int, float, str]:
+    """Check the kernels of ``isa`` against ggml's CPU mat-mul and a float64 reference on random
+    tensors (every type, rows 1..16 and more, odd shapes). Returns (failed cases, worst NMSE
+    against ggml, report)."""
+    n_failed = ffi.new("int32_t *")
+    worst = ffi.new("double *")
+    buf = ffi.new("char[]", 16384)
+    check(lib.dflash_kernels_selftest(isa.encode(), n_threads, quick, n_failed, worst, buf, len(buf)))
+    return int(n_failed[0]), float(worst[0]), ffi.string(buf).decode()
