@@ -617,8 +617,11 @@ void Scheduler::step(dflash_step_info * info) {
 
     // -- capture the target's features in this step's decode only when the drafter will use them
     bool need_taps = false;
-    for (auto * s : prefilling) {
-        need_taps = need_taps || (s->source && s->slot->kv_source == s->source);
+    for (auto * s : prefilling) {  // prompt rows too: only if the drafter may draft soon
+        if (s->source && s->slot->kv_source == s->source) {
+            const bool fixed = s->req.n_max > 0 || params_.n_max > 0;
+            need_taps = need_taps || fixed || (params_.n_max < 0 && policy_.features_needed());
+        }
     }
     for (auto * s : decoding) {
         if (s->source && s->slot->kv_source == s->source) {
