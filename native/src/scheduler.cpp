@@ -170,12 +170,12 @@ int32_t Scheduler::add(const int32_t * prompt, int32_t n_prompt, RequestParams r
     if (n_prompt <= 0 || !prompt) {
         fail(DFLASH_ERR_INVALID_ARGUMENT, "the prompt is empty");
     }
-    for (int32_t i = 0; i < n_prompt; ++i) {
-        target_.check_token(prompt[i]);
-    }
-    if (n_prompt >= target_.n_ctx()) {
+    if (n_prompt >= target_.n_ctx()) {  // before reading: n_prompt may not be the array's length
         fail(DFLASH_ERR_CONTEXT_FULL, "the prompt has %d tokens but the context holds %d (leave room to generate)",
              n_prompt, target_.n_ctx());
+    }
+    for (int32_t i = 0; i < n_prompt; ++i) {
+        target_.check_token(prompt[i]);
     }
     if (req.gen.n_stop < 0 || (req.gen.n_stop > 0 && !req.gen.stop)) {
         fail(DFLASH_ERR_INVALID_ARGUMENT, "invalid stop string list");

@@ -279,14 +279,17 @@ class HTTPServer:
 
         async def run():  # type: ignore[no-untyped-def]
             results = await self._collect(jobs, out)
-            data = {**base, "choices": [choice(i, r.text, FINISH_REASONS[r.stats.stop_reason])
-                                        for i, r in enumerate(results)],
-                    "usage": usage(results)}
-            if len(results) == 1:
-                data["timings"] = self._timings(results[0])
-            return self.web.json_response(data)
+            return self._reply({**base, "choices": [choice(i, r.text, FINISH_REASONS[r.stats.stop_reason])
+                                                    for i, r in enumerate(results)],
+                                "usage": usage(results)}, results)
 
         return await self._serve(jobs, run)
+
+    def _reply(self, data: dict, results: list):  # type: ignore[no-untyped-def]
+        """A non-streamed OpenAI answer; one choice also carries llama-server's ``timings``."""
+        if len(results) == 1:
+            data["timings"] = self._timings(results[0])
+        return self.web.json_response(data)
 
     async def oai_chat(self, request):  # type: ignore[no-untyped-def]
         body = await self._body(request)
@@ -327,9 +330,7 @@ class HTTPServer:
                                  "logprobs": None, "finish_reason": FINISH_REASONS[r.stats.stop_reason]}
                                 for i, r in enumerate(results)],
                     "usage": usage(results)}
-            if len(results) == 1:
-                data["timings"] = self._timings(results[0])
-            return self.web.json_response(data)
+            return self._reply(data, results)
 
         return await self._serve(jobs, run)
 

@@ -20,28 +20,11 @@
 #pragma GCC target("avx2,fma,f16c")
 #endif
 
-#if defined(__clang__)
-#define DFLASH_UNROLL _Pragma("unroll")
-#else
-#define DFLASH_UNROLL _Pragma("GCC unroll 16")
-#endif
+#include "avx2_common.h"
 
 namespace dflash::kern::avx2 {
 
 namespace {
-
-inline float hsum8(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s        = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s        = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
-inline float h2f(const uint8_t * p) {
-    uint16_t h;
-    std::memcpy(&h, p, 2);
-    return _cvtsh_ss(h);
-}
 
 enum class KQ { q4, q5, q6 };
 
