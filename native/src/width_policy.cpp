@@ -144,9 +144,8 @@ std::vector<double> WidthPolicy::alphas(const AcceptanceCounts * own) const {
     return a;
 }
 
-double WidthPolicy::expected_tokens(const Candidate & c, int32_t width) const {
-    const int32_t k = std::min(width, c.cap);
-    const auto a = alphas(c.counts);
+// Expected committed tokens of one sequence drafting k tokens, from its conditional acceptance a.
+static double expected_tokens(const std::vector<double> & a, int32_t k) {
     double total = 1.0, run = 1.0;
     for (int32_t j = 0; j < k; ++j) {
         run *= a[size_t(j)];
@@ -155,14 +154,15 @@ double WidthPolicy::expected_tokens(const Candidate & c, int32_t width) const {
     return total;
 }
 
-double WidthPolicy::throughput(const std::vector<Candidate> & seqs, int32_t width) const {
+double WidthPolicy::throughput(const std::vector<Candidate> & seqs, const std::vector<std::vector<double>> & alphas,
+                               int32_t width) const {
     int32_t rows = 0, n_drafting = 0;
     double tokens = 0.0;
-    for (const auto & c : seqs) {
-        const int32_t k = std::min(width, c.cap);
+    for (size_t i = 0; i < seqs.size(); ++i) {
+        const int32_t k = std::min(width, seqs[i].cap);
         rows += 1 + k;
         n_drafting += k > 0 ? 1 : 0;
-        tokens += width == 0 ? 1.0 : expected_tokens(c, width);
+        tokens += expected_tokens(alphas[i], k);
     }
     const double t_target = target_ms(rows);
     const double t_draft = width == 0 ? 0.0 : draft_ms(width);
@@ -184,14 +184,18 @@ int32_t WidthPolicy::choose(const std::vector<Candidate> & seqs, bool * probe) {
     if (cap <= 0 || seqs.empty()) {
         return 0;
     }
-    const double plain = throughput(seqs, 0);
+    std::vector<std::vector<double>> alphas_of;  // once per step, not per width
+    for (const auto & c : seqs) {
+        alphas_of.push_back(alphas(c.counts));
+    }
+    const double plain = throughput(seqs, alphas_of, 0);
     if (plain <= 0.0) {
         return 0;  // plain decoding's cost is measured first
     }
     int32_t best = 0, best_probe = 0;
     double best_s = plain, best_probe_s = -1.0;
     for (int32_t w = 1; w <= cap; ++w) {
-        const double s = throughput(seqs, w);
+        const double s = throughput(seqs, alphas_of, w);
         if (s > best_probe_s) {
             best_probe_s = s;
             best_probe = w;

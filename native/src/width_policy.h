@@ -68,8 +68,8 @@ public:
     int32_t max_width() const { return max_width_; }
 
 private:
-    double expected_tokens(const Candidate & c, int32_t width) const;
-    double throughput(const std::vector<Candidate> & seqs, int32_t width) const;
+    double throughput(const std::vector<Candidate> & seqs, const std::vector<std::vector<double>> & alphas,
+                      int32_t width) const;
 
     int32_t max_width_, max_rows_;
     std::vector<double> t_rows_;   // running mean ms per row count (index = rows; 0 = unknown)
