@@ -705,7 +705,8 @@ BAD_BODIES = [
     ("/completion", {"prompt": "hi", "speculative.n_max": 1, "speculative.n_min": 2}, 400),
     ("/completion", {"prompt": "hi", "speculative.n_min": 5}, 400),  # above the server's n_max 3
     ("/completion", {"prompt": "hi", "n_predict": 4, "stream": "yes"}, 400),
-    ("/completion", {"prompt": ["a", "b"]}, 400),
+    ("/completion", {"prompt": [{"text": "a"}]}, 400),
+    ("/completion", {"prompt": {"prompt_string": "a", "multimodal_data": ["iVBORw0KGgo="]}}, 400),
     ("/completion", {"n_predict": 4}, 400),
 ]
 

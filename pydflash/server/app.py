@@ -27,15 +27,16 @@ async def serve(config: ServerConfig) -> int:
     # handler_cancellation: a client that drops the connection cancels its handler (and so its jobs)
     runner = web.AppRunner(server.app, handler_cancellation=True, **({} if config.verbose else {"access_log": None}))
     await runner.setup()
-    site = web.TCPSite(runner, config.host, config.port)
+    sites = [web.TCPSite(runner, host, config.port) for host in config.hosts]
     try:
-        await site.start()
+        for site in sites:
+            await site.start()
     except OSError as exc:
-        print(f"pydflash serve: cannot listen on {config.host}:{config.port}: {exc}", file=sys.stderr)
+        print(f"pydflash serve: cannot listen on {','.join(config.hosts)}:{config.port}: {exc}", file=sys.stderr)
         await runner.cleanup()
         return 1
     port = config.port
-    for sock in getattr(getattr(site, "_server", None), "sockets", None) or []:
+    for sock in getattr(getattr(sites[0], "_server", None), "sockets", None) or []:
         port = sock.getsockname()[1]
         break
     stop = asyncio.Event()
@@ -64,7 +65,8 @@ async def serve(config: ServerConfig) -> int:
             spec += f", p_min {e.p_min}" if e.p_min else ""
         print(f"pydflash serve: model loaded in {time.monotonic() - t0:.1f} s; n_ctx {steps.n_ctx_slot} per slot, "
               f"speculative {spec}", file=sys.stderr)
-        print(f"pydflash serve: listening on http://{config.host}:{port}", file=sys.stderr, flush=True)
+        where = ", ".join(f"http://{f'[{h}]' if ':' in h else h}:{port}" for h in config.hosts)
+        print(f"pydflash serve: listening on {where}", file=sys.stderr, flush=True)
         server.ready = True
     try:
         await stop.wait()

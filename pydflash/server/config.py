@@ -35,6 +35,27 @@ class ServerConfig:
     aliases: tuple[str, ...]
     warmup: bool
     verbose: bool
+    hosts: tuple[str, ...] = ("127.0.0.1",)  # --host, comma-separated: one listener each
+    seed: int = -1              # --seed: a request's default seed (-1: drawn per request)
+    temperature: float = 0.8    # --temp: a request's default temperature
+    n_predict: int = -1         # --n-predict: a request's default n_predict / max_tokens
+    tags: tuple[str, ...] = ()  # --tags: shown in /v1/models
+    cors_origins: str = "*"     # "*" (with credentials: the request's Origin is echoed), "localhost", or a list
+    cors_methods: str = "GET, POST, DELETE, OPTIONS"
+    cors_headers: str = "*"
+    cors_credentials: bool = True
+    webui: bool = True          # a placeholder page at / (no web UI is shipped)
+    # chat templates (llama.cpp's Jinja engine, as llama-server's flags)
+    jinja: bool = True
+    chat_template: str | None = None        # a built-in name or Jinja source
+    chat_template_file: str | None = None
+    reasoning: str = "auto"
+    reasoning_format: str | None = None
+    chat_template_kwargs: dict | None = None
+    embeddings: bool = False    # --embedding(s): /embedding and /v1/embeddings
+    pooling: str = "mean"       # --pooling (rank is not supported: no reranking models)
+    slot_save_path: str | None = None
+    spm_infill: bool = False
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -68,10 +89,24 @@ def build_parser() -> argparse.ArgumentParser:
                         "'cache_prompt')")
     p.add_argument("--no-cache-prompt", dest="cache_prompt", action="store_false",
                    help="always prefill whole prompts")
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--host", default=os.environ.get("LLAMA_ARG_HOST", "127.0.0.1"),
+                   help="address(es) to listen on, comma-separated (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8080, help="port to listen on (default 8080)")
     p.add_argument("--api-key", default=os.environ.get("LLAMA_API_KEY"),
                    help="API key(s), comma-separated; clients send `Authorization: Bearer KEY`")
+    p.add_argument("-s", "--seed", type=int, default=-1, help="default seed of a request (default -1: random)")
+    p.add_argument("--temp", "--temperature", dest="temp", type=float, default=0.8,
+                   help="default temperature of a request (default 0.8)")
+    p.add_argument("-n", "--n-predict", "--predict", dest="n_predict", type=int, default=-1,
+                   help="default tokens to predict of a request (default -1: until the end of the context)")
+    p.add_argument("--tags", default=None, help="model tags, comma-separated (shown in /v1/models)")
+    p.add_argument("--cors-origins", default=os.environ.get("LLAMA_ARG_CORS_ORIGINS", "*"),
+                   help="allowed CORS origins, comma-separated, or 'localhost' (default *)")
+    p.add_argument("--cors-methods", default="GET, POST, DELETE, OPTIONS", help="allowed CORS methods")
+    p.add_argument("--cors-headers", default="*", help="allowed CORS headers")
+    p.add_argument("--cors-credentials", dest="cors_credentials", action="store_true", default=True,
+                   help="allow CORS credentials (default; with origins *, the Origin header is echoed)")
+    p.add_argument("--no-cors-credentials", dest="cors_credentials", action="store_false")
     p.add_argument("--metrics", action="store_true", help="enable the Prometheus /metrics endpoint")
     p.add_argument("--slots", dest="slots", action="store_true", default=True, help="expose /slots (default)")
     p.add_argument("--no-slots", dest="slots", action="store_false", help="disable /slots")
@@ -81,7 +116,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-window-ms", type=float, default=0.0,
                    help="accepted for compatibility with earlier pydflash versions; no effect (a request joins "
                         "the running batch at the next step)")
-    p.add_argument("--no-webui", action="store_true", help="accepted for llama-server compatibility (no web UI)")
+    p.add_argument("--no-webui", "--no-ui", dest="no_webui", action="store_true",
+                   help="no placeholder page at / (pydflash ships no web UI)")
+    p.add_argument("--jinja", dest="jinja", action="store_true", default=True,
+                   help="chat templates with llama.cpp's Jinja engine (default)")
+    p.add_argument("--no-jinja", dest="jinja", action="store_false",
+                   help="libllama's built-in template matcher instead of the Jinja engine")
+    p.add_argument("--chat-template", default=None, help="a built-in template name or Jinja source")
+    p.add_argument("--chat-template-file", default=None, help="a Jinja template file")
+    p.add_argument("--chat-template-kwargs", default=None, help="extra template variables: a JSON object")
+    p.add_argument("-rea", "--reasoning", default="auto", choices=["on", "off", "auto"],
+                   help="reasoning/thinking in the chat (default auto: as the template supports)")
+    p.add_argument("--reasoning-format", default=None, help="none, deepseek (default), deepseek-legacy, auto")
+    p.add_argument("--embedding", "--embeddings", dest="embeddings", action="store_true",
+                   help="serve /embedding and /v1/embeddings")
+    p.add_argument("--pooling", default=None, choices=["none", "mean", "cls", "last", "rank"],
+                   help="pooling of embeddings (default: the model's; mean for generative models here)")
+    p.add_argument("--slot-save-path", default=None, help="folder for slot files (POST /slots/ID?action=save)")
+    p.add_argument("--spm-infill", action="store_true", help="suffix/prefix/middle order for /infill")
     p.add_argument("-v", "--verbose", action="store_true", help="llama.cpp's log and an access log")
     return p
 
@@ -113,6 +165,11 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         raise SystemExit("pydflash serve: --spec-draft-n-min must be >= 0")
     if not 0.0 <= args.spec_draft_p_min <= 1.0:
         raise SystemExit("pydflash serve: --spec-draft-p-min must be in [0, 1]")
+    hosts = tuple(h.strip() for h in args.host.split(",") if h.strip())
+    if not hosts:
+        raise SystemExit("pydflash serve: --host needs at least one address")
+    if args.port == 0 and len(hosts) > 1:
+        raise SystemExit("pydflash serve: --port 0 cannot be used with several --host addresses")
     keys = tuple(k.strip() for k in (args.api_key or "").split(",") if k.strip())
     aliases = tuple(a.strip() for a in (args.alias or "").split(",") if a.strip())
     return ServerConfig(
@@ -120,9 +177,32 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         n_slots=args.parallel, n_batch=args.batch_size, n_threads=args.threads, n_gpu_layers=args.n_gpu_layers,
         device_draft=args.device_draft, rpc=args.rpc,
         n_max=args.spec_draft_n_max, n_min=args.spec_draft_n_min, p_min=args.spec_draft_p_min,
-        cache_prompt=args.cache_prompt, host=args.host, port=args.port, api_keys=keys, metrics=args.metrics,
+        cache_prompt=args.cache_prompt, host=hosts[0], hosts=hosts, port=args.port, api_keys=keys, metrics=args.metrics,
         slots=args.slots, aliases=aliases, warmup=args.warmup, verbose=args.verbose,
+        seed=args.seed, temperature=args.temp, n_predict=args.n_predict,
+        tags=tuple(t.strip() for t in (args.tags or "").split(",") if t.strip()),
+        cors_origins=args.cors_origins, cors_methods=args.cors_methods, cors_headers=args.cors_headers,
+        cors_credentials=args.cors_credentials, webui=not args.no_webui,
+        jinja=args.jinja, chat_template=args.chat_template, chat_template_file=args.chat_template_file,
+        reasoning=args.reasoning, reasoning_format=args.reasoning_format,
+        chat_template_kwargs=_template_kwargs(args.chat_template_kwargs),
+        embeddings=args.embeddings, pooling=args.pooling or "mean",
+        slot_save_path=args.slot_save_path, spm_infill=args.spm_infill,
     )
+
+
+def _template_kwargs(text: str | None) -> dict | None:
+    import json
+
+    if not text:
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise SystemExit(f"pydflash serve: --chat-template-kwargs is not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise SystemExit("pydflash serve: --chat-template-kwargs must be a JSON object")
+    return value
 
 
 def n_ctx_train(model: str) -> int:

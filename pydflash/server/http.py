@@ -22,13 +22,41 @@ from typing import Any
 from .config import ServerConfig
 from .loop import SlotView, StepLoop
 from .metrics import Metrics
-from .requests import APIError, Job, make_jobs, parse_body, parse_common, parse_messages, parse_prompts
+from .native_routes import NativeRoutes
+from .compat import (anthropic_message, anthropic_stop, anthropic_to_chat, random_id, responses_body,
+                     responses_to_chat)
+from .requests import (APIError, Job, check_continuation, make_jobs, parse_body, parse_common, parse_messages,
+                       parse_prompts)
 from .requests import field_value as _field
-from .responses import FINISH_REASONS, STOP_TYPES, SYSTEM_FINGERPRINT, now, settings, sse, timings, usage
+from .features import check_infill, infill_tokens, oai_logprobs, probs_json
+from .text import detokenize, piece_json, token_bytes, tokenize_mixed
+from .responses import (FINISH_REASONS, STOP_TYPES, SYSTEM_FINGERPRINT, nested_fields, now, settings, sse, timings,
+                        usage)
 
 __all__ = ["HTTPServer"]
 
-PUBLIC_PATHS = frozenset({"/health", "/v1/health"})
+PUBLIC_PATHS = frozenset({"/health", "/v1/health", "/"})
+INDEX_HTML = ("<!doctype html>\n<html><head><meta charset=\"utf-8\"><title>pydflash serve</title></head>"
+              "<body><p>pydflash serve: an OpenAI / llama-server compatible API (no web UI is shipped).</p>"
+              "</body></html>\n")
+
+
+def _is_bool(v: Any) -> bool:
+    return isinstance(v, bool)
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_localhost_origin(origin: str) -> bool:
+    from urllib.parse import urlsplit
+
+    try:
+        host = urlsplit(origin).hostname
+    except ValueError:
+        return False
+    return host in ("localhost", "127.0.0.1", "::1")
 
 
 class HTTPServer:
@@ -44,17 +72,33 @@ class HTTPServer:
         self.ready = False                # loaded and warmed up: /health answers 200
         self.load_error: str | None = None
         self.created = int(time.time())
+        self.started = int(time.time())   # llama-server's Process-Start-Time-Unix
         self.app = web.Application(middlewares=[self._middleware()], client_max_size=256 * 1024 * 1024)
+        self.app.on_response_prepare.append(self._cors)
         r = self.app.router
+        if config.webui:
+            r.add_get("/", self.index)
         r.add_get("/health", self.health)
         r.add_get("/v1/health", self.health)
         r.add_get("/v1/models", self.models)
         r.add_get("/models", self.models)
         r.add_post("/v1/completions", self.oai_completions)
-        r.add_post("/completions", self.oai_completions)
+        r.add_post("/completions", self.completion)  # llama-server: the native endpoint, not OpenAI's
         r.add_post("/v1/chat/completions", self.oai_chat)
         r.add_post("/chat/completions", self.oai_chat)
         r.add_post("/completion", self.completion)
+        r.add_post("/chat/completions/input_tokens", self.chat_input_tokens)
+        r.add_post("/v1/chat/completions/input_tokens", self.chat_input_tokens)
+        r.add_post("/v1/messages", self.anthropic_messages)
+        r.add_post("/v1/messages/count_tokens", self.anthropic_count_tokens)
+        r.add_post("/v1/responses", self.responses)
+        r.add_post("/responses", self.responses)
+        r.add_post("/v1/responses/input_tokens", self.responses_input_tokens)
+        r.add_post("/responses/input_tokens", self.responses_input_tokens)
+        r.add_post("/tokenize", self.tokenize)
+        r.add_post("/detokenize", self.detokenize)
+        r.add_post("/infill", self.infill)
+        NativeRoutes(self).register(r)  # /apply-template, embeddings, slot files
         r.add_get("/slots", self.slots)
         r.add_get("/props", self.props)
         r.add_get("/metrics", self.prometheus)
@@ -76,7 +120,7 @@ class HTTPServer:
     @property
     def model_id(self) -> str:
         if self.config.aliases:
-            return self.config.aliases[0]
+            return sorted(self.config.aliases)[0]  # as llama-server (a set of names)
         return os.path.basename(self.model_path or self.config.model)
 
     def _settings(self, job: Job | None) -> dict:
@@ -95,6 +139,11 @@ class HTTPServer:
 
         @web.middleware
         async def middleware(request, handler):  # type: ignore[no-untyped-def]
+            if request.method == "OPTIONS":  # a CORS preflight: answered before any check (no key is sent)
+                c = self.config
+                return web.Response(status=200, text="", content_type="text/html", headers={
+                    "Access-Control-Allow-Credentials": "true" if c.cors_credentials else "false",
+                    "Access-Control-Allow-Methods": c.cors_methods, "Access-Control-Allow-Headers": c.cors_headers})
             try:
                 keys = self.config.api_keys
                 if keys and request.path not in PUBLIC_PATHS and request.method != "OPTIONS":
@@ -119,7 +168,25 @@ class HTTPServer:
 
         return middleware
 
+    async def _cors(self, request, response) -> None:  # type: ignore[no-untyped-def]
+        """Every answer's ``Access-Control-Allow-Origin`` (as llama-server's --cors-origins) and, on
+        /metrics, the process start time."""
+        origins, origin = self.config.cors_origins, request.headers.get("Origin", "")
+        if origins == "*" and self.config.cors_credentials:
+            allow = origin or None  # with credentials, "*" is not allowed: echo the origin
+        elif origins == "localhost":
+            allow = origin if origin and _is_localhost_origin(origin) else None
+        else:
+            allow = origins
+        if allow is not None:
+            response.headers["Access-Control-Allow-Origin"] = allow
+        if request.path == "/metrics":
+            response.headers["Process-Start-Time-Unix"] = str(self.started)
+
     # -- simple endpoints ------------------------------------------------------------------------------
+
+    async def index(self, request):  # type: ignore[no-untyped-def]
+        return self.web.Response(text=INDEX_HTML, content_type="text/html")
 
     async def health(self, request):  # type: ignore[no-untyped-def]
         if not self.ready:
@@ -131,7 +198,7 @@ class HTTPServer:
         meta = {"n_vocab": info.n_vocab, "n_ctx_train": info.n_ctx_train, "n_embd": info.n_embd,
                 "n_ctx_slot": self.steps.n_ctx_slot, "speculative": self.speculative}
         data = [{"id": self.model_id, "object": "model", "created": self.created, "owned_by": "llamacpp",
-                 "meta": meta, "aliases": list(self.config.aliases)}]
+                 "meta": meta, "aliases": list(self.config.aliases), "tags": list(self.config.tags)}]
         return self.web.json_response({"object": "list", "data": data})
 
     def _slot(self, index: int, view: SlotView) -> dict:
@@ -173,10 +240,66 @@ class HTTPServer:
         text = self.metrics.render(self.steps.n_processing, self.steps.n_deferred, n_pos)
         return self.web.Response(text=text, content_type="text/plain", charset="utf-8")
 
+    # -- tokenizer ---------------------------------------------------------------------------------------
+
+    async def _on_target(self, fn: Callable):  # type: ignore[no-untyped-def]
+        """Run ``fn(target)`` off the event loop (it waits for the running step: the target's lock)."""
+        target = self.engine.target
+        return await asyncio.get_running_loop().run_in_executor(None, fn, target)
+
+    async def tokenize(self, request):  # type: ignore[no-untyped-def]
+        """llama-server's /tokenize: ``content`` (a string or a mixed list of strings and ids),
+        ``add_special`` (default false), ``parse_special`` (default true), ``with_pieces``."""
+        body = await self._body(request)
+        content = body.get("content")
+        add_special = _field(body, ["add_special"], _is_bool, "a boolean", False)
+        parse_special = _field(body, ["parse_special"], _is_bool, "a boolean", True)
+        with_pieces = _field(body, ["with_pieces"], _is_bool, "a boolean", False)
+        if content is None:
+            return self.web.json_response({"tokens": []})
+        if isinstance(content, str):
+            pieces: list = [content]
+        elif isinstance(content, list) and all(isinstance(p, str) or _is_int(p) for p in content):
+            pieces = content
+        else:
+            raise APIError(400, "'content' must be a string or a list of strings and token ids")
+
+        def run(target):  # type: ignore[no-untyped-def]
+            tokens = tokenize_mixed(target, pieces, add_special=add_special, parse_special=parse_special)
+            if not with_pieces:
+                return tokens
+            return [{"id": t, "piece": piece_json(target, t)} for t in tokens]
+
+        return self.web.json_response({"tokens": await self._on_target(run)})
+
+    async def detokenize(self, request):  # type: ignore[no-untyped-def]
+        body = await self._body(request)
+        tokens = body.get("tokens")
+        if tokens is None:
+            return self.web.json_response({"content": ""})
+        if not isinstance(tokens, list) or not all(_is_int(t) for t in tokens):
+            raise APIError(400, "'tokens' must be a list of token ids")
+        return self.web.json_response({"content": await self._on_target(lambda t: detokenize(t, tokens))})
+
     # -- generation ------------------------------------------------------------------------------------
 
     async def _body(self, request) -> dict:  # type: ignore[no-untyped-def]
         return parse_body(await request.read())
+
+    @property
+    def _defaults(self) -> dict:
+        c = self.config
+        return {"max_tokens": c.n_predict, "temperature": c.temperature, "seed": c.seed}
+
+    def _jobs(self, body: dict, prompts: list, max_names: list[str], *, piece_tokens: bool = False):  # type: ignore[no-untyped-def]
+        common = parse_common(body, max_names, self._defaults)
+        jobs, out = make_jobs(prompts, common)
+        progress = common.stream and _field(body, ["return_progress"], _is_bool, "a boolean", False)
+        for job in jobs:
+            job.return_progress = progress
+            job.piece_tokens = piece_tokens and common.stream
+            job.body = body
+        return common, jobs, out
 
     async def _started(self, jobs: list[Job], out: asyncio.Queue) -> list:
         """Submit and wait until every job passed its checks; returns events that came early."""
@@ -217,24 +340,22 @@ class HTTPServer:
         so = body.get("stream_options")
         return isinstance(so, dict) and so.get("include_usage") is True
 
-    async def _stream(self, request, jobs: list[Job], out: asyncio.Queue, chunk: Callable,  # type: ignore[no-untyped-def]
-                      final: Callable, tail: Callable | None, done_marker: bool):
-        """SSE: chunk(i, text) per piece, final(i, result) per finished job, tail(results) last."""
+    async def _stream(self, request, jobs: list[Job], out: asyncio.Queue, emit: Callable,  # type: ignore[no-untyped-def]
+                      tail: Callable | None = None, done_marker: bool = True):
+        """SSE: ``emit(kind, i, payload)`` gives the messages of each event ("piece", "progress",
+        "done"), ``tail(results)`` the last ones; a message is a dict or an (event name, dict) pair."""
         early = await self._started(jobs, out)  # errors before this point are plain HTTP errors
         resp = self.web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
         results: list = [None] * len(jobs)
         try:
             async for kind, i, payload in self._events(early, out, len(jobs)):
-                if kind == "piece":
-                    await resp.write(sse(chunk(i, payload)))
-                elif kind == "done":
+                if kind == "done":
                     results[i] = payload
-                    await resp.write(sse(final(i, payload)))
-            if tail is not None:
-                extra = tail(results)
-                if extra is not None:
-                    await resp.write(sse(extra))
+                for msg in emit(kind, i, payload):
+                    await resp.write(sse(msg))
+            for msg in (tail(results) if tail is not None else ()):
+                await resp.write(sse(msg))
         except APIError as err:
             await resp.write(sse(err.body()))
         if done_marker:
@@ -253,13 +374,56 @@ class HTTPServer:
     def _timings(self, result) -> dict:  # type: ignore[no-untyped-def]
         return timings(result.stats, self.speculative)
 
+    def _piece_bytes(self, token: int) -> bytes:
+        return token_bytes(self.engine.target, [token])
+
+    def _assistant_message(self, job: Job, res) -> dict:  # type: ignore[no-untyped-def]
+        """The reply as an OpenAI message: the template's parser splits content / reasoning /
+        tool calls (plain content when the template has no such format)."""
+        chat = self.steps.chat
+        if chat is None or job.render is None:
+            return {"role": "assistant", "content": res.text}
+        try:
+            msg = chat.parse(job.render, res.text)
+        except Exception:  # noqa: BLE001 - a reply the parser cannot split stays plain content
+            return {"role": "assistant", "content": res.text}
+        msg.setdefault("role", "assistant")
+        if msg.get("content") is None and not msg.get("tool_calls"):
+            msg["content"] = ""
+        return msg
+
+    def _probs(self, job: Job, probs) -> list:  # type: ignore[no-untyped-def]
+        return probs_json(probs, self._piece_bytes, bool(job.body.get("post_sampling_probs")))
+
+    def _native(self, job: Job, res, content: str, tokens: list[int], stops: tuple) -> dict:  # type: ignore[no-untyped-def]
+        """llama.cpp's final /completion object (also the ``__verbose`` of the OpenAI answers)."""
+        st = res.stats
+        extra = {"completion_probabilities": self._probs(job, res.probs)} if res.probs is not None and content else {}
+        return {**extra,
+            "index": job.index, "content": content, "tokens": tokens, "id_slot": job.slot,
+            "stop": True, "model": self.model_id, "tokens_predicted": st.n_generated,
+            "tokens_evaluated": st.n_prompt, "generation_settings": self._settings(job),
+            "prompt": job.prompt_text, "has_new_line": "\n" in res.text,
+            "truncated": False, "stop_type": STOP_TYPES[st.stop_reason],
+            "stopping_word": stops[0] if st.stop_reason == "stop" and len(stops) == 1 else "",
+            # what the slot's KV holds now: the prompt and every generated token but the last
+            "tokens_cached": st.n_prompt + max(st.n_generated - 1, 0), "timings": self._timings(res),
+        }
+
+    @staticmethod
+    def _returned_tokens(res) -> list[int]:  # type: ignore[no-untyped-def]
+        tokens = list(res.tokens)
+        if res.stats.stop_reason == "eos" and tokens:
+            tokens = tokens[:-1]  # as llama-server: the end-of-generation token is not returned
+        return tokens
+
     async def oai_completions(self, request):  # type: ignore[no-untyped-def]
         body = await self._body(request)
         if "prompt" not in body:
             raise APIError(400, "'prompt' is required")
         prompts = parse_prompts(body["prompt"])
-        common = parse_common(body, ["max_tokens"])
-        jobs, out = make_jobs(prompts, common)
+        common, jobs, out = self._jobs(body, prompts, ["max_tokens", "n_predict"])
+        verbose = _field(body, ["verbose"], _is_bool, "a boolean", False)
         base = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": now(),
                 "model": self.model_id, "system_fingerprint": SYSTEM_FINGERPRINT}
 
@@ -267,21 +431,26 @@ class HTTPServer:
             return {"text": text, "index": i, "logprobs": None, "finish_reason": finish}
 
         if common.stream:
-            def tail(results: list) -> dict | None:
-                return {**base, "choices": [], "usage": usage(results)} if self._stream_usage(body) else None
+            def emit(kind: str, i: int, payload) -> list:  # type: ignore[no-untyped-def]
+                if kind == "piece":
+                    return [{**base, "choices": [choice(i, payload.text, None)]}]
+                if kind == "progress":
+                    return [{**base, "choices": [choice(i, "", None)], "prompt_progress": payload}]
+                return [{**base, "choices": [choice(i, "", FINISH_REASONS[payload.stats.stop_reason])],
+                         "timings": self._timings(payload)}]
 
-            return await self._serve(jobs, lambda: self._stream(
-                request, jobs, out,
-                lambda i, text: {**base, "choices": [choice(i, text, None)]},
-                lambda i, res: {**base, "choices": [choice(i, "", FINISH_REASONS[res.stats.stop_reason])],
-                                "timings": self._timings(res)},
-                tail, True))
+            def tail(results: list) -> list:
+                return [{**base, "choices": [], "usage": usage(results)}] if self._stream_usage(body) else []
+
+            return await self._serve(jobs, lambda: self._stream(request, jobs, out, emit, tail))
 
         async def run():  # type: ignore[no-untyped-def]
             results = await self._collect(jobs, out)
-            return self._reply({**base, "choices": [choice(i, r.text, FINISH_REASONS[r.stats.stop_reason])
-                                                    for i, r in enumerate(results)],
-                                "usage": usage(results)}, results)
+            data = {**base, "choices": [choice(i, r.text, FINISH_REASONS[r.stats.stop_reason])
+                                        for i, r in enumerate(results)], "usage": usage(results)}
+            if verbose and len(results) == 1:
+                data["__verbose"] = self._native(jobs[0], results[0], results[0].text, [], common.options["stop"])
+            return self._reply(data, results)
 
         return await self._serve(jobs, run)
 
@@ -291,92 +460,272 @@ class HTTPServer:
             data["timings"] = self._timings(results[0])
         return self.web.json_response(data)
 
+    def _chat_jobs(self, body: dict, max_names: list[str], *, allow_empty: bool = False):  # type: ignore[no-untyped-def]
+        if allow_empty and body.get("messages") == []:
+            messages: list[dict] = []
+        else:
+            messages = parse_messages(body.get("messages"))
+        check_continuation(body, messages)
+        return self._jobs(body, [("chat", messages)], max_names)
+
     async def oai_chat(self, request):  # type: ignore[no-untyped-def]
         body = await self._body(request)
-        messages = parse_messages(body.get("messages"))
-        common = parse_common(body, ["max_completion_tokens", "max_tokens"])
-        jobs, out = make_jobs([("chat", messages)], common)
+        common, jobs, out = self._chat_jobs(body, ["max_completion_tokens", "max_tokens", "n_predict"])
+        for job in jobs:
+            job.chat_request = body  # rendered whole (tools, response_format, kwargs) by the Jinja templates
+        verbose = _field(body, ["verbose"], _is_bool, "a boolean", False)
         cid, created = f"chatcmpl-{uuid.uuid4().hex}", now()
+        base = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": self.model_id,
+                "system_fingerprint": SYSTEM_FINGERPRINT}
 
         if common.stream:
-            base = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": self.model_id,
-                    "system_fingerprint": SYSTEM_FINGERPRINT}
             began: set[int] = set()
 
-            def delta(i: int, text: str) -> dict:
-                d: dict = {"content": text}
-                if i not in began:
-                    began.add(i)
-                    d["role"] = "assistant"
-                return {**base, "choices": [{"index": i, "delta": d, "logprobs": None, "finish_reason": None}]}
+            def chunk(i: int, delta: dict) -> dict:
+                return {**base, "choices": [{"index": i, "delta": delta, "logprobs": None, "finish_reason": None}]}
 
-            def final(i: int, res) -> dict:  # type: ignore[no-untyped-def]
-                d: dict = {} if i in began else {"role": "assistant", "content": ""}
-                began.add(i)
-                return {**base, "choices": [{"index": i, "delta": d, "logprobs": None,
-                                             "finish_reason": FINISH_REASONS[res.stats.stop_reason]}],
-                        "timings": self._timings(res)}
+            def emit(kind: str, i: int, payload) -> list:  # type: ignore[no-untyped-def]
+                msgs = []
+                if i not in began and kind in ("piece", "progress"):
+                    began.add(i)  # as llama-server: a role-only first chunk
+                    msgs.append(chunk(i, {"role": "assistant", "content": None}))
+                if kind == "piece" and payload.text:
+                    msgs.append(chunk(i, {"content": payload.text}))
+                    if payload.probs:
+                        msgs[-1]["choices"][0]["logprobs"] = oai_logprobs(payload.probs, self._piece_bytes)
+                elif kind == "progress":
+                    msgs[-1:] = [{**(msgs[-1] if msgs else chunk(i, {})), "prompt_progress": payload}]
+                elif kind == "done":
+                    if i not in began:
+                        began.add(i)
+                        msgs.append(chunk(i, {"role": "assistant", "content": None}))
+                    final = {**base, "choices": [{"index": i, "delta": {}, "logprobs": None,
+                                                  "finish_reason": FINISH_REASONS[payload.stats.stop_reason]}]}
+                    if not self._stream_usage(body):
+                        final["timings"] = self._timings(payload)
+                    msgs.append(final)
+                return msgs
 
-            def tail(results: list) -> dict | None:
-                return {**base, "choices": [], "usage": usage(results)} if self._stream_usage(body) else None
+            def tail(results: list) -> list:
+                if not self._stream_usage(body):
+                    return []
+                last = {**base, "choices": [], "usage": usage(results)}
+                if len(results) == 1:
+                    last["timings"] = self._timings(results[0])
+                return [last]
 
-            return await self._serve(jobs, lambda: self._stream(request, jobs, out, delta, final, tail, True))
+            return await self._serve(jobs, lambda: self._stream(request, jobs, out, emit, tail))
 
         async def run():  # type: ignore[no-untyped-def]
             results = await self._collect(jobs, out)
             data = {"id": cid, "object": "chat.completion", "created": created, "model": self.model_id,
                     "system_fingerprint": SYSTEM_FINGERPRINT,
-                    "choices": [{"index": i, "message": {"role": "assistant", "content": r.text},
-                                 "logprobs": None, "finish_reason": FINISH_REASONS[r.stats.stop_reason]}
+                    "choices": [{"index": i, "message": self._assistant_message(jobs[i], r),
+                                 "logprobs": oai_logprobs(r.probs, self._piece_bytes) if r.probs is not None else None,
+                                 "finish_reason": FINISH_REASONS[r.stats.stop_reason]}
                                 for i, r in enumerate(results)],
                     "usage": usage(results)}
+            if verbose and len(results) == 1:
+                data["__verbose"] = self._native(jobs[0], results[0], results[0].text, [], common.options["stop"])
             return self._reply(data, results)
 
         return await self._serve(jobs, run)
 
-    async def completion(self, request):  # type: ignore[no-untyped-def]
-        """llama.cpp's native /completion."""
-        body = await self._body(request)
+    async def completion(self, request, body: dict | None = None):  # type: ignore[no-untyped-def]
+        """llama.cpp's native /completion (and /completions): one object per prompt, a list when
+        the request has several. ``body``: an already parsed one (/infill)."""
+        body = await self._body(request) if body is None else body
         if "prompt" not in body:
             raise APIError(400, "'prompt' is required")
         prompts = parse_prompts(body["prompt"])
-        if len(prompts) != 1:
-            raise APIError(400, "/completion takes one prompt (a string or a list of token ids)")
-        common = parse_common(body, ["n_predict", "max_tokens"])
-        return_tokens = _field(body, ["return_tokens"], lambda v: isinstance(v, bool), "a boolean", False)
-        jobs, out = make_jobs(prompts, common)
-        job = jobs[0]
+        common, jobs, out = self._jobs(body, prompts, ["n_predict", "max_tokens", "max_completion_tokens"],
+                                       piece_tokens=True)
+        return_tokens = _field(body, ["return_tokens"], _is_bool, "a boolean", False)
+        fields = body.get("response_fields") or []
+        if not isinstance(fields, list) or not all(isinstance(f, str) for f in fields):
+            raise APIError(400, "'response_fields' must be a list of strings")
+        stops = common.options["stop"]
 
-        def final(res, content: str) -> dict:  # type: ignore[no-untyped-def]
-            st = res.stats
-            tokens = list(res.tokens)
-            if st.stop_reason == "eos" and tokens:
-                tokens = tokens[:-1]  # as llama-server: the end-of-generation token is not returned
-            stops = common.options["stop"]
-            return {
-                "index": 0, "content": content, "tokens": tokens if return_tokens else [], "id_slot": job.slot,
-                "stop": True, "model": self.model_id, "tokens_predicted": st.n_generated,
-                "tokens_evaluated": st.n_prompt, "generation_settings": self._settings(job),
-                "prompt": job.prompt if job.kind == "text" else "", "has_new_line": "\n" in res.text,
-                "truncated": False, "stop_type": STOP_TYPES[st.stop_reason],
-                "stopping_word": stops[0] if st.stop_reason == "stop" and len(stops) == 1 else "",
-                # what the slot's KV holds now: the prompt and every generated token but the last
-                "tokens_cached": st.n_prompt + max(st.n_generated - 1, 0), "timings": self._timings(res),
-            }
+        def final(job: Job, res, content: str, tokens: list[int]) -> dict:  # type: ignore[no-untyped-def]
+            data = self._native(job, res, content, tokens, stops)
+            return nested_fields(fields, data) if fields else data
 
         if common.stream:
-            count = [0]
+            counts = [0] * len(jobs)
 
-            def chunk(i: int, text: str) -> dict:
-                count[0] += 1
-                return {"index": 0, "content": text, "tokens": [], "stop": False, "id_slot": job.slot,
-                        "tokens_predicted": count[0], "tokens_evaluated": job.n_prompt}
+            def emit(kind: str, i: int, payload) -> list:  # type: ignore[no-untyped-def]
+                job = jobs[i]
+                if kind == "done":
+                    return [final(job, payload, "", [])]
+                msg = {"index": i, "content": "", "tokens": [], "stop": False, "id_slot": job.slot,
+                       "tokens_predicted": counts[i], "tokens_evaluated": job.n_prompt}
+                if kind == "progress":
+                    msg["prompt_progress"] = payload
+                else:
+                    counts[i] += max(len(payload.tokens), 1)
+                    msg.update(content=payload.text, tokens=list(payload.tokens), tokens_predicted=counts[i])
+                    if payload.probs:
+                        msg["completion_probabilities"] = self._probs(job, payload.probs)
+                return [msg]
 
-            return await self._serve(jobs, lambda: self._stream(
-                request, jobs, out, chunk, lambda i, res: final(res, ""), None, False))
+            return await self._serve(jobs, lambda: self._stream(request, jobs, out, emit, None, False))
+
+        async def run():  # type: ignore[no-untyped-def]
+            results = await self._collect(jobs, out)
+            items = [final(job, res, res.text, self._returned_tokens(res) if return_tokens else [])
+                     for job, res in zip(jobs, results)]
+            return self.web.json_response(items[0] if len(items) == 1 else items)
+
+        return await self._serve(jobs, run)
+
+    async def infill(self, request):  # type: ignore[no-untyped-def]
+        """llama-server's /infill: a /completion whose prompt is the repo-level FIM prompt."""
+        body = await self._body(request)
+        if self.engine is None:
+            raise APIError(503, "Loading model")
+        info = self.engine.target.info
+        check_infill(body, info)
+
+        def build(target):  # type: ignore[no-untyped-def]
+            def tok(text: str) -> list[int]:
+                return target.tokenize(text, add_special=False, parse_special=False)
+
+            n_predict = body.get("n_predict", self.config.n_predict)
+            n_predict = n_predict if isinstance(n_predict, int) and n_predict > 0 else 0
+            return infill_tokens(body, info, tok, self.config.n_batch, n_predict, self.steps.n_ctx_slot,
+                                 self.config.spm_infill)
+
+        tokens = await self._on_target(build)
+        return await self.completion(request, {**body, "prompt": tokens})
+
+    # -- token counts ----------------------------------------------------------------------------------
+
+    async def _count_chat(self, messages: list[dict]) -> int:
+        def run(target):  # type: ignore[no-untyped-def]
+            return len(target.tokenize(target.apply_chat_template(messages), parse_special=True))
+
+        return await self._on_target(run)
+
+    async def chat_input_tokens(self, request):  # type: ignore[no-untyped-def]
+        """/chat/completions/input_tokens: the prompt tokens a chat request would have."""
+        body = await self._body(request)
+        messages = parse_messages(body.get("messages"))
+        check_continuation(body, messages)
+        return self.web.json_response({"input_tokens": await self._count_chat(messages)})
+
+    async def responses_input_tokens(self, request):  # type: ignore[no-untyped-def]
+        chat = responses_to_chat(await self._body(request))
+        messages = parse_messages(chat["messages"])
+        return self.web.json_response({"input_tokens": await self._count_chat(messages)})
+
+    async def anthropic_count_tokens(self, request):  # type: ignore[no-untyped-def]
+        chat = anthropic_to_chat(await self._body(request))
+        messages = parse_messages(chat["messages"]) if chat["messages"] else []
+        return self.web.json_response({"input_tokens": await self._count_chat(messages)})
+
+    # -- Anthropic Messages and OpenAI Responses --------------------------------------------------------
+
+    async def anthropic_messages(self, request):  # type: ignore[no-untyped-def]
+        chat = anthropic_to_chat(await self._body(request))
+        common, jobs, out = self._chat_jobs(chat, ["max_tokens", "n_predict"], allow_empty=True)
+        if common.n != 1:
+            raise APIError(400, "Anthropic messages take one choice")
+        mid = f"msg_{random_id()}"
+        stops = common.options["stop"]
+
+        def stopping_word(res) -> str:  # type: ignore[no-untyped-def]
+            return stops[0] if res.stats.stop_reason == "stop" and len(stops) == 1 else ""
+
+        if common.stream:
+            state = {"started": False, "text": False}
+
+            def start(job: Job) -> tuple:
+                state["started"] = True
+                return ("message_start", {"type": "message_start", "message": {
+                    "id": mid, "type": "message", "role": "assistant", "content": [], "model": self.model_id,
+                    "stop_reason": None, "stop_sequence": None,
+                    "usage": {"cache_read_input_tokens": 0, "input_tokens": job.n_prompt, "output_tokens": 0}}})
+
+            def emit(kind: str, i: int, payload) -> list:  # type: ignore[no-untyped-def]
+                msgs = [] if state["started"] or kind == "progress" else [start(jobs[0])]
+                if kind == "piece" and payload.text:
+                    if not state["text"]:
+                        state["text"] = True
+                        msgs.append(("content_block_start", {"type": "content_block_start", "index": 0,
+                                                             "content_block": {"type": "text", "text": ""}}))
+                    msgs.append(("content_block_delta", {"type": "content_block_delta", "index": 0,
+                                                         "delta": {"type": "text_delta", "text": payload.text}}))
+                elif kind == "done":
+                    st = payload.stats
+                    if state["text"]:
+                        msgs.append(("content_block_stop", {"type": "content_block_stop", "index": 0}))
+                    msgs.append(("message_delta", {"type": "message_delta",
+                                                   "delta": {"stop_reason": anthropic_stop(st),
+                                                             "stop_sequence": stopping_word(payload) or None},
+                                                   "usage": {"output_tokens": st.n_generated}}))
+                    msgs.append(("message_stop", {"type": "message_stop"}))
+                return msgs
+
+            return await self._serve(jobs, lambda: self._stream(request, jobs, out, emit, None, False))
 
         async def run():  # type: ignore[no-untyped-def]
             res = (await self._collect(jobs, out))[0]
-            return self.web.json_response(final(res, res.text))
+            return self.web.json_response(anthropic_message(mid, self.model_id, res, stopping_word(res)))
+
+        return await self._serve(jobs, run)
+
+    async def responses(self, request):  # type: ignore[no-untyped-def]
+        chat = responses_to_chat(await self._body(request))
+        common, jobs, out = self._chat_jobs(chat, ["max_tokens"])
+        if common.n != 1:
+            raise APIError(400, "responses take one choice")
+        rid, msg_id, created = f"resp_{random_id()}", f"msg_{random_id()}", now()
+
+        if common.stream:
+            state = {"created": False, "text": False, "content": []}
+            stub = {"id": rid, "object": "response", "status": "in_progress"}
+
+            def emit(kind: str, i: int, payload) -> list:  # type: ignore[no-untyped-def]
+                msgs: list = []
+                if not state["created"]:
+                    state["created"] = True
+                    msgs += [("response.created", {"type": "response.created", "response": stub}),
+                             ("response.in_progress", {"type": "response.in_progress", "response": stub})]
+                elif kind == "progress":
+                    msgs.append(("response.in_progress", {"type": "response.in_progress", "response": stub}))
+                if kind == "progress":
+                    msgs[-1] = (msgs[-1][0], {**msgs[-1][1], "prompt_progress": payload})
+                elif kind == "piece" and payload.text:
+                    if not state["text"]:
+                        state["text"] = True
+                        msgs += [("response.output_item.added", {"type": "response.output_item.added", "item": {
+                                     "content": [], "id": msg_id, "role": "assistant", "status": "in_progress",
+                                     "type": "message"}}),
+                                 ("response.content_part.added", {"type": "response.content_part.added",
+                                                                  "item_id": msg_id,
+                                                                  "part": {"type": "output_text", "text": ""}})]
+                    state["content"].append(payload.text)
+                    msgs.append(("response.output_text.delta", {"type": "response.output_text.delta",
+                                                                "item_id": msg_id, "delta": payload.text}))
+                elif kind == "done":
+                    body = responses_body(rid, msg_id, self.model_id, created, payload, now())
+                    if payload.text:
+                        part = body["output"][0]["content"][0]
+                        msgs += [("response.output_text.done", {"type": "response.output_text.done",
+                                                                "item_id": msg_id, "text": payload.text}),
+                                 ("response.content_part.done", {"type": "response.content_part.done",
+                                                                 "item_id": msg_id, "part": part}),
+                                 ("response.output_item.done", {"type": "response.output_item.done",
+                                                                "item": body["output"][0]})]
+                    body.pop("completed_at")
+                    msgs.append(("response.completed", {"type": "response.completed", "response": body,
+                                                        "timings": self._timings(payload)}))
+                return msgs
+
+            return await self._serve(jobs, lambda: self._stream(request, jobs, out, emit, None, False))
+
+        async def run():  # type: ignore[no-untyped-def]
+            res = (await self._collect(jobs, out))[0]
+            return self.web.json_response(responses_body(rid, msg_id, self.model_id, created, res, now()))
 
         return await self._serve(jobs, run)

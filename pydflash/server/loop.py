@@ -27,6 +27,7 @@ import concurrent.futures
 import functools
 import random
 import threading
+import time
 import traceback
 from collections.abc import Sequence
 from typing import Any, NamedTuple
@@ -35,8 +36,11 @@ from .. import devices
 from ..generation import SamplingOptions
 from ..scheduler import SlotInfo
 from .config import ServerConfig, n_ctx_train
+from ..chat import json_schema_to_grammar
+from .features import constraint_options
 from .metrics import Metrics
-from .requests import APIError, Job, Speculative, from_engine_error
+from .requests import APIError, Job, Piece, Speculative, from_engine_error
+from .text import detokenize, tokenize_mixed
 
 __all__ = ["StepLoop", "SlotView"]
 
@@ -62,6 +66,8 @@ class StepLoop:
         self._cond = threading.Condition()
         self._inbox: list[Job] = []       # guarded by _cond
         self._cancels: list[Job] = []     # guarded by _cond
+        self._calls: list[tuple[Any, concurrent.futures.Future]] = []  # guarded by _cond
+        self.chat: Any = None             # ChatTemplates (llama.cpp's Jinja engine), made at load
         self._stopping = False            # guarded by _cond
         self._live: dict[int, Job] = {}   # sequence id -> job, this thread only
         self._events: list[tuple[Job, str, Any]] = []  # this step's events, this thread only
@@ -88,6 +94,18 @@ class StepLoop:
         with self._cond:
             self._cancels.extend(jobs)
             self._cond.notify()
+
+    def call(self, fn) -> concurrent.futures.Future:  # type: ignore[no-untyped-def]
+        """Run ``fn(engine)`` on this thread between two steps (what must not race the scheduler:
+        slot files); the future holds its result or exception."""
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        with self._cond:
+            if self._stopping:
+                fut.set_exception(APIError(503, "the server is shutting down"))
+                return fut
+            self._calls.append((fn, fut))
+            self._cond.notify()
+        return fut
 
     def stop(self) -> None:
         """Answer every unfinished job 503, free the engine, end the thread (see ``join``)."""
@@ -147,6 +165,7 @@ class StepLoop:
                         n_seq_max=c.n_slots, n_batch=c.n_batch, drafter_device=c.device_draft, verbose=c.verbose)
         try:
             self.n_ctx_slot = engine.target.info.n_ctx
+            self.chat = self._chat_templates(engine.target)
             if c.warmup:  # one short generation on every slot
                 bos = max(engine.target.info.token_bos, 0)
                 engine.generate_batch([[bos]] * c.n_slots, max_tokens=2, temperature=0, ignore_eos=True)
@@ -160,17 +179,35 @@ class StepLoop:
         with engine.target._lock:
             self._snapshot()
 
+    def _chat_templates(self, target):  # type: ignore[no-untyped-def]
+        """llama-server's --jinja / --chat-template(-file) / --reasoning* / --chat-template-kwargs."""
+        from ..chat import ChatTemplates
+
+        c = self.config
+        template = c.chat_template
+        if c.chat_template_file:
+            with open(c.chat_template_file, encoding="utf-8") as f:
+                template = f.read()
+        return ChatTemplates(target, template=template, use_jinja=c.jinja, reasoning=c.reasoning,
+                             reasoning_format=c.reasoning_format, chat_template_kwargs=c.chat_template_kwargs)
+
     def _iterate(self) -> bool:
         """One round: inbox, one step, events. False once the server stops."""
         with self._cond:
-            while not (self._inbox or self._cancels or self._stopping or self._live):
+            while not (self._inbox or self._cancels or self._stopping or self._live or self._calls):
                 self._cond.wait()
             if self._stopping:
                 return False
             new, self._inbox = self._inbox, []
             cancels, self._cancels = self._cancels, []
+            calls, self._calls = self._calls, []
         stalled = False
         with self.engine.target._lock:
+            for fn, fut in calls:
+                try:
+                    fut.set_result(fn(self.engine))
+                except BaseException as exc:  # noqa: BLE001 - handed to the caller
+                    fut.set_exception(exc)
             try:
                 for job in cancels:
                     self._cancel(job)
@@ -194,7 +231,7 @@ class StepLoop:
         try:
             tokens = self._tokens(job)
             seed = job.options["seed"] if job.options["seed"] is not None else random.getrandbits(32)
-            options = SamplingOptions.build(**{**job.options, "seed": seed})
+            options = SamplingOptions.build(**{**job.options, **self._constraints(job), "seed": seed})
             sid = self.engine.scheduler.add(tokens, options, **self._spec_args(job.spec),
                                             cache_prompt=job.cache_prompt and self.config.cache_prompt,
                                             on_piece=functools.partial(self._on_piece, job))
@@ -202,8 +239,27 @@ class StepLoop:
             self._events.append((job, "error", from_engine_error(exc)))
             return
         job.seq_id, job.seed, job.n_prompt = sid, seed, len(tokens)
+        job.prompt_text = detokenize(self.engine.target, tokens)
+        job.t_start = time.monotonic()
         self._live[sid] = job
         self._events.append((job, "start", len(tokens)))
+
+    def _constraints(self, job: Job) -> dict:
+        """Grammar / JSON schema, logit bias and n_probs of the request (a chat request's grammar
+        and extra stop words come from its template render)."""
+        target = self.engine.target
+        opts = constraint_options(job.body, target.info.n_vocab,
+                                  lambda text: target.tokenize(text, add_special=False, parse_special=False),
+                                  chat=job.kind == "chat")
+        r = job.render
+        if r is not None:
+            if r.get("grammar") and not r.get("grammar_lazy"):
+                opts["grammar"] = r["grammar"]
+            elif r.get("json_schema"):
+                opts["grammar"] = json_schema_to_grammar(r["json_schema"])
+            if r.get("additional_stops"):
+                opts["stop"] = tuple(job.options["stop"]) + tuple(s for s in r["additional_stops"] if s)
+        return opts
 
     def _cancel(self, job: Job) -> None:
         if job.seq_id in self._live:
@@ -213,7 +269,10 @@ class StepLoop:
         """One scheduler step; True when it could do nothing."""
         sched = self.engine.scheduler
         decoding = [v.job for v in self.slots if v.job is not None and v.info.state == "decode"]
+        mark = len(self._events)
         info = sched.step()
+        if any(j.return_progress for j in self._live.values()):
+            self._events[mark:mark] = self._progress()
         self.metrics.add_step(info)
         if info.n_decoding:
             for job in decoding:
@@ -222,6 +281,28 @@ class StepLoop:
         for sid in done:
             self._finish(sid)
         return info.n_rows == 0 and not done
+
+    def _progress(self) -> list[tuple[Job, str, Any]]:
+        """Prompt progress of the jobs that asked (llama-server's ``prompt_progress``): one report
+        when a job's slot starts it (processed = cached), then one per step that prefilled."""
+        sched, events = self.engine.scheduler, []
+        for i in range(sched.n_slots):
+            info = sched.slot(i)
+            job = self._live.get(info.id) if info.id else None
+            if job is None or not job.return_progress:
+                continue
+            cache = info.n_prompt_cached
+            ms = int((time.monotonic() - job.t_start) * 1e3)
+            if job.progress[1] < 0:
+                events.append((job, "progress", {"total": job.n_prompt, "cache": cache, "processed": cache,
+                                                 "time_ms": ms}))
+                job.progress = (cache, cache)
+            processed = min(info.n_prefilled, job.n_prompt)
+            if processed > job.progress[1]:
+                events.append((job, "progress", {"total": job.n_prompt, "cache": cache, "processed": processed,
+                                                 "time_ms": ms}))
+                job.progress = (cache, processed)
+        return events
 
     def _finish(self, sid: int) -> None:
         job = self._live.pop(sid, None)
@@ -251,7 +332,18 @@ class StepLoop:
             return False
         if "\n" in text:
             job.has_new_line = True
-        self._events.append((job, "piece", text))
+        tokens: tuple[int, ...] = ()
+        probs: tuple = ()
+        if job.piece_tokens or job.body.get("n_probs") or job.body.get("logprobs"):
+            # the tokens committed since the last piece, as the scheduler has them (and their
+            # probabilities when asked for); a piece may carry several tokens or none
+            sched = self.engine.scheduler
+            new = sched.tokens(job.seq_id, job.n_seen)
+            if new:
+                probs = tuple(sched.probs(job.seq_id, job.n_seen))
+                job.n_seen += len(new)
+            tokens = tuple(new)
+        self._events.append((job, "piece", Piece(text, tokens, probs)))
         return True
 
     def _flush(self) -> None:
@@ -278,14 +370,17 @@ class StepLoop:
         """The job's prompt tokens, checked against the vocabulary and the slot's context."""
         target = self.engine.target
         if job.kind == "chat":
-            tokens = target.tokenize(target.apply_chat_template(job.prompt), parse_special=True)
+            job.render = self.chat.render(job.chat_request or {**job.body, "messages": job.prompt})
+            tokens = target.tokenize(job.render["prompt"], parse_special=True)
         elif job.kind == "text":
             tokens = target.tokenize(job.prompt)
+        elif job.kind == "mixed":  # as llama-server: BOS before a leading string, special tokens parsed
+            tokens = tokenize_mixed(target, job.prompt, add_special=True, parse_special=True)
         else:
             tokens = list(job.prompt)
-            bad = [t for t in tokens if not 0 <= t < target.info.n_vocab]
-            if bad:
-                raise APIError(400, f"token id {bad[0]} is outside the vocabulary (0..{target.info.n_vocab - 1})")
+        bad = [t for t in tokens if not 0 <= t < target.info.n_vocab]
+        if bad:
+            raise APIError(400, f"token id {bad[0]} is outside the vocabulary (0..{target.info.n_vocab - 1})")
         if not tokens:
             raise APIError(400, "the prompt is empty")
         n_ctx = self.n_ctx_slot
@@ -310,7 +405,12 @@ class StepLoop:
         with self._cond:
             self._stopping = True
             inbox, self._inbox = self._inbox, []
+            calls, self._calls = self._calls, []
         err = APIError(503, "the server is shutting down")
+        for _, fut in calls:
+            fut.set_exception(err)
+        if self.chat is not None:
+            self.chat.close()
         for job in inbox + list(self._live.values()):
             self._events.append((job, "error", err))
         engine = self.engine

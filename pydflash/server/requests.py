@@ -15,12 +15,12 @@ import threading
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from .. import errors
 
-__all__ = ["APIError", "Common", "Job", "Speculative", "check_model", "field_value", "from_engine_error",
-           "make_jobs", "parse_body", "parse_common", "parse_messages", "parse_prompts"]
+__all__ = ["APIError", "Common", "Job", "Piece", "Speculative", "check_model", "field_value", "from_engine_error",
+           "make_jobs", "parse_body", "parse_common", "parse_messages", "parse_prompts", "check_continuation"]
 
 ERROR_TYPES = {
     400: "invalid_request_error",
@@ -71,29 +71,46 @@ class Speculative:
     p_min: float | None = None
 
 
+class Piece(NamedTuple):
+    """Streamed text and, when the job asked for them, its token ids (and their probabilities)."""
+
+    text: str
+    tokens: tuple[int, ...] = ()
+    probs: tuple = ()  # pydflash.generation.TokenProbs of those tokens (n_probs)
+
+
 @dataclass
 class Job:
     """One sequence to generate, from the handler that submitted it to the step loop and back.
 
     Events put on ``out`` (on the event loop): ("start", index, n_prompt) once the prompt passed
-    its checks and the sequence is queued, ("piece", index, text), ("done", index, Result),
-    ("error", index, APIError). The fields below the line are the step loop's."""
+    its checks and the sequence is queued, ("piece", index, Piece), ("progress", index, dict) with
+    ``return_progress``, ("done", index, Result), ("error", index, APIError). The fields below the line are the step loop's."""
 
     index: int                        # choice index within its HTTP request
     prompt: Any                       # str, list[int], or a list of chat messages
-    kind: str                         # "text", "tokens" or "chat"
+    kind: str                         # "text", "mixed" (strings and ids), "tokens" or "chat"
     options: dict                     # SamplingOptions keyword arguments (seed None: drawn per job)
     spec: Speculative
     cache_prompt: bool
     out: asyncio.Queue
     cancelled: threading.Event = field(default_factory=threading.Event)
+    return_progress: bool = False     # stream ("progress", index, {total, cache, processed, time_ms}) events
+    piece_tokens: bool = False        # pieces carry token ids (llama.cpp's streamed ``tokens``)
+    body: dict = field(default_factory=dict)  # the request (constraints: grammar, logit_bias, n_probs ...)
+    chat_request: dict | None = None  # an OpenAI chat request to render with the Jinja templates
     # -- set by the step loop
     seq_id: int = 0                   # the scheduler's sequence id (0: not queued yet)
     seed: int | None = None           # the seed it samples with
     n_prompt: int = 0
+    prompt_text: str = ""             # the prompt tokens as text, special tokens rendered
+    t_start: float = 0.0              # time.monotonic() when it was queued
+    progress: tuple[int, int] = (-1, -1)  # (cache, processed) last reported
     slot: int = -1                    # the slot it was seen running in
     has_new_line: bool = False
     widths: Counter = field(default_factory=Counter)  # draft width -> steps it decoded in
+    render: dict | None = None        # the chat template's render (grammar, stops, parser)
+    n_seen: int = 0                   # tokens already handed out in pieces
     # -- set on the event loop
     answered: bool = False            # its "done" or "error" event was delivered
 
@@ -179,13 +196,13 @@ def _speculative(body: dict) -> Speculative:
     return spec
 
 
-def _sampling(body: dict, max_names: Sequence[str]) -> dict:
+def _sampling(body: dict, max_names: Sequence[str], defaults: dict) -> dict:
     opts: dict[str, Any] = {}
-    max_tokens = field_value(body, max_names, _is_int, "an int", -1)
+    max_tokens = field_value(body, max_names, _is_int, "an int", defaults.get("max_tokens", -1))
     if max_tokens < -1 or max_tokens == 0 and max_names[0] != "n_predict":
         raise APIError(400, f"'{max_names[0]}' must be a positive int (or -1: until the end of the context)")
     opts["max_tokens"] = max_tokens
-    temperature = field_value(body, ["temperature"], _is_num, "a number", 0.8)
+    temperature = field_value(body, ["temperature"], _is_num, "a number", defaults.get("temperature", 0.8))
     if temperature < 0:
         raise APIError(400, "'temperature' must be >= 0")
     opts["temperature"] = float(temperature)
@@ -199,7 +216,7 @@ def _sampling(body: dict, max_names: Sequence[str]) -> dict:
     if not 0.0 <= min_p <= 1.0:
         raise APIError(400, "'min_p' must be in [0, 1]")
     opts["min_p"] = float(min_p)
-    seed = field_value(body, ["seed"], _is_int, "an int", -1)
+    seed = field_value(body, ["seed"], _is_int, "an int", defaults.get("seed", -1))
     if not -1 <= seed < 2**63:
         raise APIError(400, "'seed' must be an int in [-1, 2**63)")
     opts["seed"] = None if seed == -1 else seed
@@ -217,10 +234,11 @@ def _sampling(body: dict, max_names: Sequence[str]) -> dict:
     return opts
 
 
-def parse_common(body: dict, max_names: Sequence[str]) -> Common:
-    """Sampling, speculative overrides, ``n``, ``stream``, ``cache_prompt`` (and the model check)."""
+def parse_common(body: dict, max_names: Sequence[str], defaults: dict | None = None) -> Common:
+    """Sampling, speculative overrides, ``n``, ``stream``, ``cache_prompt`` (and the model check).
+    ``defaults``: the server's ``max_tokens`` / ``temperature`` / ``seed`` (--n-predict, --temp, --seed)."""
     check_model(body)
-    options = _sampling(body, max_names)
+    options = _sampling(body, max_names, defaults or {})
     spec = _speculative(body)
     n = field_value(body, ["n"], _is_int, "an int", 1)
     if not 1 <= n <= 128:
@@ -230,16 +248,37 @@ def parse_common(body: dict, max_names: Sequence[str]) -> Common:
     return Common(options=options, spec=spec, n=n, stream=stream, cache_prompt=cache_prompt)
 
 
-def parse_prompts(value: Any, name: str = "prompt") -> list[tuple[str, Any]]:
-    """A completion prompt: a string, a token list, or a list of either (one choice each)."""
+PROMPT_FORMS = ("'prompt' must be a string, a list of token ids, a list of strings and token ids, an object "
+                "{'prompt_string': ...}, or a non-empty list of those")
+
+
+def _subprompt(value: Any, name: str) -> tuple[str, Any]:
+    """One sequence's prompt: ("tokens", ids) or ("mixed", [str | id, ...]) (tokenized by the step loop)."""
     if isinstance(value, str):
-        return [("text", value)]
-    if isinstance(value, list) and value and all(_is_int(t) for t in value):
-        return [("tokens", list(value))]
-    if isinstance(value, list) and value and all(isinstance(p, str) or (isinstance(p, list) and p and all(
-            _is_int(t) for t in p)) for p in value):
-        return [("text", p) if isinstance(p, str) else ("tokens", list(p)) for p in value]
-    raise APIError(400, f"'{name}' must be a string, a list of token ids, or a non-empty list of those")
+        return "mixed", [value]
+    if isinstance(value, list) and value and all(_is_int(t) or isinstance(t, str) for t in value):
+        if all(_is_int(t) for t in value):
+            return "tokens", list(value)
+        return "mixed", list(value)
+    if isinstance(value, dict) and "prompt_string" in value:
+        if value.get("multimodal_data") is not None:
+            raise APIError(400, "Multimodal data provided, but model does not support multimodal requests.")
+        inner = value["prompt_string"]
+        if isinstance(inner, str) or (isinstance(inner, list) and inner and all(
+                _is_int(t) or isinstance(t, str) for t in inner)):
+            return _subprompt(inner, name)
+    raise APIError(400, PROMPT_FORMS.replace("'prompt'", f"'{name}'"))
+
+
+def parse_prompts(value: Any, name: str = "prompt") -> list[tuple[str, Any]]:
+    """A completion prompt as llama-server takes it: one sequence (a string, token ids, a mixed list
+    of strings and ids, a ``{"prompt_string": ...}`` object), or a list of those (one choice each).
+    A list holding any id is one sequence."""
+    if isinstance(value, list) and not any(_is_int(t) for t in value):
+        if not value:
+            raise APIError(400, f"'{name}' must not be empty")
+        return [_subprompt(p, name) for p in value]
+    return [_subprompt(value, name)]
 
 
 def parse_messages(value: Any) -> list[dict]:
@@ -263,6 +302,19 @@ def parse_messages(value: Any) -> list[dict]:
             raise APIError(400, "a message 'content' must be a string or a list of text parts")
         out.append({"role": m["role"], "content": content})
     return out
+
+
+def check_continuation(body: dict, messages: list[dict]) -> None:
+    """llama-server's checks of a final assistant message (a prefill to continue) and of
+    ``add_generation_prompt`` / ``continue_final_message`` (400 where it refuses)."""
+    add_prompt = field_value(body, ["add_generation_prompt"], _is_bool, "a boolean", True)
+    cont = body.get("continue_final_message")
+    if cont is not None and not isinstance(cont, (bool, str)):
+        raise APIError(400, "'continue_final_message' must be a boolean or a string")
+    if not cont and len(messages) >= 2 and messages[-1]["role"] == messages[-2]["role"] == "assistant":
+        raise APIError(400, "Cannot have 2 or more assistant messages at the end of the list.")
+    if cont and add_prompt:
+        raise APIError(400, "Cannot set both add_generation_prompt and continue_final_message to true.")
 
 
 def make_jobs(prompts: list[tuple[str, Any]], common: Common) -> tuple[list[Job], asyncio.Queue]:

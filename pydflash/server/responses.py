@@ -12,14 +12,17 @@ import json
 import time
 from typing import Any
 
+from .. import __version__
+
 __all__ = ["FINISH_REASONS", "STOP_TYPES", "SYSTEM_FINGERPRINT", "timings", "usage", "settings", "sse", "now",
-           "verif_steps", "prefilled"]
+           "verif_steps", "prefilled", "nested_fields"]
 
 FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length", "context": "length", "cancelled": "stop",
                   "none": "stop"}
 STOP_TYPES = {"eos": "eos", "stop": "word", "length": "limit", "context": "limit", "cancelled": "none",
               "none": "none"}
-SYSTEM_FINGERPRINT = "pydflash"
+# llama-server's is its build, "b<number>-<commit>"; ours keeps the shape
+SYSTEM_FINGERPRINT = f"b{__version__}-pydflash"
 
 
 def now() -> int:
@@ -27,6 +30,10 @@ def now() -> int:
 
 
 def sse(data: Any) -> bytes:
+    """One server-sent event: a dict as ``data:``, an (event name, dict) pair with its ``event:`` line."""
+    if isinstance(data, tuple):
+        name, data = data
+        return f"event: {name}\n".encode() + sse(data)
     return b"data: " + json.dumps(data, ensure_ascii=False).encode() + b"\n\n"
 
 
@@ -77,6 +84,27 @@ def settings(options: dict, n_max: int, n_min: int, p_min: float, speculative: b
         "temperature": o.get("temperature", 0.8), "top_k": o.get("top_k", 40), "top_p": o.get("top_p", 0.95),
         "min_p": o.get("min_p", 0.05), "seed": -1 if seed is None else seed, "stop": list(o.get("stop", ())),
         "ignore_eos": o.get("ignore_eos", False),
+        # samplers pydflash does not have, at the values that switch them off in llama.cpp
+        "dynatemp_range": 0.0, "dynatemp_exponent": 1.0, "top_n_sigma": -1.0, "xtc_probability": 0.0,
+        "xtc_threshold": 0.1, "typical_p": 1.0, "repeat_last_n": 64, "repeat_penalty": 1.0,
+        "presence_penalty": 0.0, "frequency_penalty": 0.0, "dry_multiplier": 0.0, "dry_base": 1.75,
+        "dry_allowed_length": 2, "dry_penalty_last_n": 64, "mirostat": 0, "mirostat_tau": 5.0, "mirostat_eta": 0.1,
+        "adaptive_target": -1.0, "adaptive_decay": 0.9, "n_keep": 0, "n_discard": 0, "n_probs": 0, "min_keep": 0,
         "speculative.n_max": n_max, "speculative.n_min": n_min, "speculative.p_min": p_min,
         "speculative.types": "draft-dflash" if speculative else "none",
     }
+
+
+def nested_fields(paths: list[str], data: dict) -> dict:
+    """llama.cpp's ``response_fields``: only these fields, a "a/b" path lifted to the top level
+    under its path; paths that do not resolve are left out."""
+    out = {}
+    for path in paths:
+        cur: Any = data
+        for key in path.split("/"):
+            if not isinstance(cur, dict) or key not in cur:
+                break
+            cur = cur[key]
+        else:
+            out[path] = cur
+    return out

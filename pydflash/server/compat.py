@@ -1,0 +1,190 @@
+"""Other vendors' APIs on the chat path: Anthropic's Messages (``/v1/messages``,
+``/v1/messages/count_tokens``) and OpenAI's Responses (``/v1/responses``).
+
+Each request is turned into an OpenAI chat body (messages + the sampling fields the chat path
+reads), generated as a chat completion, and the result is written in the vendor's shape, as
+llama-server does. pydflash's chat templates take plain (role, text) messages: text blocks are
+kept, tool results become ``tool`` messages, thinking blocks and tool-use blocks (no tool-call
+rendering yet) are dropped, and an image is refused (the model has no vision input).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+from .requests import APIError
+
+__all__ = ["anthropic_to_chat", "responses_to_chat", "anthropic_message", "anthropic_usage",
+           "responses_body", "random_id"]
+
+IMAGE_REFUSED = "image input is not supported - hint: if this is unexpected, you may need to provide the mmproj"
+
+
+def random_id() -> str:
+    return uuid.uuid4().hex
+
+
+def _text_blocks(blocks: list, where: str) -> str:
+    parts = []
+    for b in blocks:
+        if not isinstance(b, dict):
+            raise APIError(400, f"{where}: a content block must be an object")
+        kind = b.get("type")
+        if kind == "text":
+            if not isinstance(b.get("text"), str):
+                raise APIError(400, f"{where}: a text block needs a string 'text'")
+            parts.append(b["text"])
+        elif kind == "image":
+            raise APIError(500, IMAGE_REFUSED, "server_error")
+    return "".join(parts)
+
+
+def anthropic_to_chat(body: dict) -> dict:
+    """An Anthropic Messages request as an OpenAI chat body (``messages`` may end up empty)."""
+    if "messages" not in body:
+        raise APIError(400, "'messages' is required")
+    messages: list[dict] = []
+    system = body.get("system")
+    if isinstance(system, str):
+        messages.append({"role": "system", "content": system})
+    elif isinstance(system, list):
+        messages.append({"role": "system", "content": "".join(
+            b.get("text", "") for b in system if isinstance(b, dict) and b.get("type") == "text")})
+    elif system is not None:
+        raise APIError(400, "'system' must be a string or a list of text blocks")
+    raw = body["messages"]
+    if not isinstance(raw, list):
+        raise APIError(400, "'messages' must be a list")
+    for m in raw:
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise APIError(400, "each message must be an object with a string 'role'")
+        content = m.get("content")
+        if content is None:
+            if m["role"] != "assistant":
+                messages.append({"role": m["role"], "content": ""})
+            continue
+        if isinstance(content, str):
+            messages.append({"role": m["role"], "content": content})
+            continue
+        if not isinstance(content, list):
+            raise APIError(400, "a message 'content' must be a string or a list of content blocks")
+        text = _text_blocks(content, "messages")
+        tool_results = []
+        for b in content:
+            if isinstance(b, dict) and b.get("type") == "tool_result":
+                inner = b.get("content")
+                if isinstance(inner, list):
+                    inner = _text_blocks(inner, "tool_result")
+                elif inner is None:
+                    inner = ""
+                elif not isinstance(inner, str):
+                    raise APIError(400, "a tool_result 'content' must be a string or a list of blocks")
+                tool_results.append({"role": "tool", "content": inner})
+        if text or not tool_results:
+            messages.append({"role": m["role"], "content": text})
+        messages.extend(tool_results)
+    out: dict[str, Any] = {"messages": messages}
+    for name in ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stream", "n_predict",
+                 "cache_prompt", "speculative", "verbose", "return_progress"):
+        if name in body:
+            out[name] = body[name]
+    stops = body.get("stop_sequences")
+    if stops is not None:
+        out["stop"] = stops
+    return out
+
+
+def _response_content(content: Any, where: str) -> str:
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise APIError(400, f"{where}: 'content' must be a string or a list of parts")
+    parts = []
+    for p in content:
+        if not isinstance(p, dict):
+            raise APIError(400, f"{where}: a content part must be an object")
+        kind = p.get("type")
+        if kind in ("input_text", "output_text", "text"):
+            if not isinstance(p.get("text"), str):
+                raise APIError(400, f"{where}: '{kind}' requires a string 'text'")
+            parts.append(p["text"])
+        elif kind == "input_image":
+            raise APIError(500, IMAGE_REFUSED, "server_error")
+        elif kind == "input_file":
+            raise APIError(400, "'input_file' is not supported by llamacpp at this moment")
+        else:
+            raise APIError(400, "'type' must be one of 'input_text', 'input_image', or 'input_file'")
+    return "".join(parts)
+
+
+def responses_to_chat(body: dict) -> dict:
+    """An OpenAI Responses request as an OpenAI chat body."""
+    if "input" not in body:
+        raise APIError(400, "'input' is required")
+    if body.get("previous_response_id"):
+        raise APIError(400, "llama.cpp does not support 'previous_response_id'.")
+    messages: list[dict] = []
+    instructions = body.get("instructions")
+    if instructions is not None:
+        if not isinstance(instructions, str):
+            raise APIError(400, "'instructions' must be a string")
+        messages.append({"role": "system", "content": instructions})
+    value = body["input"]
+    if isinstance(value, str):
+        messages.append({"role": "user", "content": value})
+    elif isinstance(value, list):
+        for item in value:
+            if not isinstance(item, dict):
+                raise APIError(400, "each 'input' item must be an object")
+            role = item.get("role")
+            if item.get("type") == "function_call_output":
+                out = item.get("output")
+                messages.append({"role": "tool", "content": out if isinstance(out, str) else json.dumps(out)})
+            elif item.get("type") in ("function_call", "reasoning"):
+                continue  # no tool-call / reasoning rendering in pydflash's templates
+            elif isinstance(role, str) and role in ("user", "system", "developer", "assistant"):
+                text = _response_content(item.get("content", ""), "input")
+                messages.append({"role": "system" if role == "developer" else role, "content": text})
+            else:
+                raise APIError(400, "an 'input' item must be a message (role + content) or a function call output")
+    else:
+        raise APIError(400, "'input' must be a string or a list of items")
+    out: dict[str, Any] = {"messages": messages}
+    for name in ("temperature", "top_p", "top_k", "min_p", "seed", "stream", "cache_prompt", "speculative",
+                 "verbose", "return_progress", "stop"):
+        if name in body:
+            out[name] = body[name]
+    if body.get("max_output_tokens") is not None:
+        out["max_tokens"] = body["max_output_tokens"]
+    return out
+
+
+def anthropic_usage(stats: Any) -> dict:
+    return {"cache_read_input_tokens": stats.n_cached, "input_tokens": stats.n_prompt - stats.n_cached,
+            "output_tokens": stats.n_generated}
+
+
+def anthropic_stop(stats: Any) -> str:
+    return "end_turn" if stats.stop_reason in ("eos", "stop") else "max_tokens"
+
+
+def anthropic_message(mid: str, model: str, result: Any, stopping_word: str) -> dict:
+    content = [{"type": "text", "text": result.text}] if result.text else []
+    return {"id": mid, "type": "message", "role": "assistant", "content": content, "model": model,
+            "stop_reason": anthropic_stop(result.stats), "stop_sequence": stopping_word or None,
+            "usage": anthropic_usage(result.stats)}
+
+
+def responses_body(rid: str, msg_id: str, model: str, created: int, result: Any, completed_at: int) -> dict:
+    st = result.stats
+    output = []
+    if result.text:
+        output.append({"content": [{"type": "output_text", "annotations": [], "logprobs": [], "text": result.text}],
+                       "id": msg_id, "role": "assistant", "status": "completed", "type": "message"})
+    return {"completed_at": completed_at, "created_at": created, "id": rid, "model": model, "object": "response",
+            "output": output, "status": "completed",
+            "usage": {"input_tokens": st.n_prompt, "output_tokens": st.n_generated,
+                      "total_tokens": st.n_prompt + st.n_generated,
+                      "input_tokens_details": {"cached_tokens": st.n_cached}}}
