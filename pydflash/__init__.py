@@ -26,6 +26,7 @@ from .errors import (
     ModelNotFoundError,
     PydflashError,
     UnsupportedError,
+    BusyError,
 )
 
 __version__ = "0.1.0"
@@ -103,6 +104,7 @@ __all__ = [
     "BackendError",
     "CancelledError",
     "UnsupportedError",
+    "BusyError",
     "InternalError",
     "ClosedError",
     "NativeExtensionError",

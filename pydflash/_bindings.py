@@ -26,7 +26,7 @@ except ImportError as exc:
         _msg = f"pydflash's native extension (pydflash._native) does not load ({exc}): {_BUILD_HINT}"
     raise NativeExtensionError(_msg, name=f"{__package__}._native") from exc
 
-ABI_VERSION = 4
+ABI_VERSION = 5
 
 if lib.dflash_abi_version() != ABI_VERSION:  # pragma: no cover - a broken install
     raise NativeExtensionError(
@@ -45,6 +45,7 @@ _STATUS_TO_ERROR: dict[int, type[errors.PydflashError]] = {
     lib.DFLASH_ERR_BACKEND: errors.BackendError,
     lib.DFLASH_ERR_CANCELLED: errors.CancelledError,
     lib.DFLASH_ERR_UNSUPPORTED: errors.UnsupportedError,
+    lib.DFLASH_ERR_BUSY: errors.BusyError,
     lib.DFLASH_ERR_INTERNAL: errors.InternalError,
 }
 

@@ -42,6 +42,10 @@ class UnsupportedError(PydflashError, NotImplementedError):
     """A valid request that this build or model cannot serve."""
 
 
+class BusyError(PydflashError, RuntimeError):
+    """The resource is in use (a slot running a request)."""
+
+
 class InternalError(PydflashError, RuntimeError):
     """A bug in pydflash: please report it."""
 

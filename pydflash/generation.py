@@ -74,12 +74,24 @@ class Stats:
 
 
 @dataclass(frozen=True)
+class TokenProbs:
+    """A generated token's log-probability and the most likely candidates at its position
+    (``SamplingOptions.n_probs``): the softmax of the raw logits, or with
+    ``post_sampling_probs`` the distribution the sampler drew from."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...]  # (token, logprob), most likely first
+
+
+@dataclass(frozen=True)
 class Result:
     """The generated text, its tokens and the statistics of the run."""
 
     text: str
     tokens: list[int]
     stats: Stats = field(repr=False)
+    probs: list[TokenProbs] | None = field(default=None, repr=False)  # with n_probs > 0
 
 
 @dataclass(frozen=True)
@@ -94,6 +106,10 @@ class SamplingOptions:
     seed: int = 0
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
+    grammar: str | None = None       # GBNF with a "root" rule: every token obeys it (also drafts)
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token, bias); -inf bans the token
+    n_probs: int = 0                 # > 0: Result.probs with this many candidates per token
+    post_sampling_probs: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_tokens, int) or self.max_tokens < -1:
@@ -112,11 +128,34 @@ class SamplingOptions:
             raise errors.InvalidArgumentError(f"seed must be an int in [0, 2**64), got {self.seed!r}")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise errors.InvalidArgumentError(f"stop strings must be non-empty str, got {self.stop!r}")
+        if self.grammar is not None and not isinstance(self.grammar, str):
+            raise errors.InvalidArgumentError(f"grammar must be a GBNF string, got {type(self.grammar).__name__}")
+        for item in self.logit_bias:
+            if (not isinstance(item, tuple) or len(item) != 2 or not isinstance(item[0], int)
+                    or isinstance(item[0], bool) or not isinstance(item[1], (int, float)) or item[1] != item[1]):
+                raise errors.InvalidArgumentError(f"logit_bias entries must be (token, number), got {item!r}")
+        if not isinstance(self.n_probs, int) or isinstance(self.n_probs, bool) or self.n_probs < 0:
+            raise errors.InvalidArgumentError(f"n_probs must be an int >= 0, got {self.n_probs!r}")
 
     @classmethod
-    def build(cls, stop: str | Sequence[str] | None = None, **kwargs) -> "SamplingOptions":  # type: ignore[no-untyped-def]
+    def build(cls, stop: str | Sequence[str] | None = None, logit_bias=None, json_schema=None,  # type: ignore[no-untyped-def]
+              **kwargs) -> "SamplingOptions":
+        """Options from keyword arguments: ``stop`` a str or list, ``logit_bias`` a dict or pairs,
+        ``json_schema`` (a dict or JSON text) turned into ``grammar`` by llama.cpp's converter."""
         stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
-        return cls(stop=stops, **kwargs)
+        if isinstance(logit_bias, dict):
+            logit_bias = logit_bias.items()
+        try:
+            bias = tuple((t, float(b)) for t, b in (logit_bias or ()))
+        except (TypeError, ValueError):
+            raise errors.InvalidArgumentError(f"logit_bias must map token ids to numbers, got {logit_bias!r}") from None
+        if json_schema is not None:
+            if kwargs.get("grammar"):
+                raise errors.InvalidArgumentError("give a grammar or a json_schema, not both")
+            from .chat import json_schema_to_grammar  # local: chat needs the native library
+
+            kwargs["grammar"] = json_schema_to_grammar(json_schema)
+        return cls(stop=stops, logit_bias=bias, **kwargs)
 
     def to_native(self, keepalive: list) -> object:
         """A ``dflash_generate_params *``; ``keepalive`` holds the C strings for the call."""
@@ -134,6 +173,19 @@ class SamplingOptions:
             keepalive.extend([c_strings, array])
             params.stop = array
             params.n_stop = len(self.stop)
+        if self.grammar:
+            grammar = ffi.new("char[]", self.grammar.encode("utf-8"))
+            keepalive.append(grammar)
+            params.grammar = grammar
+        if self.logit_bias:
+            tokens = ffi.new("int32_t[]", [t for t, _ in self.logit_bias])
+            biases = ffi.new("float[]", [float(b) for _, b in self.logit_bias])
+            keepalive.extend([tokens, biases])
+            params.logit_bias_tokens = tokens
+            params.logit_bias = biases
+            params.n_logit_bias = len(self.logit_bias)
+        params.n_probs = self.n_probs
+        params.post_sampling_probs = self.post_sampling_probs
         keepalive.append(params)
         return params
 
@@ -187,9 +239,26 @@ def take_output(output) -> Result:  # type: ignore[no-untyped-def]
         text_ptr = lib.dflash_output_text(output, n_bytes)
         text = ffi.unpack(text_ptr, n_bytes[0]).decode("utf-8", "replace")
         stats = Stats.from_native(lib.dflash_output_stats(output))
+        probs = read_probs(output, tokens)
     finally:
         lib.dflash_output_free(output)
-    return Result(text=text, tokens=tokens, stats=stats)
+    return Result(text=text, tokens=tokens, stats=stats, probs=probs)
+
+
+def read_probs(output, tokens: Sequence[int], first: int = 0) -> list[TokenProbs] | None:  # type: ignore[no-untyped-def]
+    """The per-token probabilities of a native output from token ``first`` on (None: not asked)."""
+    n_tok, n_probs = ffi.new("int32_t *"), ffi.new("int32_t *")
+    lp, ids, tlp = ffi.new("float **"), ffi.new("int32_t **"), ffi.new("float **")
+    lib.dflash_output_probs(output, n_tok, n_probs, lp, ids, tlp)
+    k = n_probs[0]
+    if k <= 0:
+        return None
+    n = min(n_tok[0], len(tokens))
+    out = []
+    for i in range(first, n):
+        top = tuple((int(ids[0][i * k + j]), float(tlp[0][i * k + j])) for j in range(k) if ids[0][i * k + j] >= 0)
+        out.append(TokenProbs(token=int(tokens[i]), logprob=float(lp[0][i]), top=top))
+    return out
 
 
 def stream(call: NativeCall, options: SamplingOptions, lock: threading.Lock,

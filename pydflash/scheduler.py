@@ -13,6 +13,7 @@ step-loop thread).
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -182,6 +183,46 @@ class Scheduler:
         if failure:
             raise failure[0]
         return result
+
+    def probs(self, seq_id: int, first: int = 0) -> list[generation.TokenProbs]:
+        """Probabilities (``SamplingOptions.n_probs``) of a live or finished sequence's tokens
+        committed so far, from token ``first`` on; an ``on_piece`` callback may call it for the
+        token just committed ([] when none were asked for)."""
+        out = ffi.new("const dflash_output **")
+        check(lib.dflash_scheduler_peek(self._h(), seq_id, out))
+        n = ffi.new("int32_t *")
+        tokens_ptr = lib.dflash_output_tokens(out[0], n)
+        tokens = ffi.unpack(tokens_ptr, n[0]) if n[0] else []
+        return generation.read_probs(out[0], tokens, first) or []
+
+    def tokens(self, seq_id: int, first: int = 0) -> list[int]:
+        """Tokens a live or finished sequence has committed so far, from ``first`` on."""
+        out = ffi.new("const dflash_output **")
+        check(lib.dflash_scheduler_peek(self._h(), seq_id, out))
+        n = ffi.new("int32_t *")
+        ptr = lib.dflash_output_tokens(out[0], n)
+        return list(ffi.unpack(ptr, n[0])[first:]) if n[0] > first else []
+
+    # -- slot files (llama-server's /slots/{id}?action=save|restore|erase) ------------------------
+
+    def slot_save(self, slot: int, path: str | os.PathLike) -> tuple[int, int]:
+        """Write an idle slot's KV and tokens to ``path``: (tokens, bytes). BusyError while the
+        slot runs a request."""
+        n_tokens, n_bytes = ffi.new("int32_t *"), ffi.new("size_t *")
+        check(lib.dflash_scheduler_slot_save(self._h(), slot, os.fsencode(path), n_tokens, n_bytes))
+        return int(n_tokens[0]), int(n_bytes[0])
+
+    def slot_restore(self, slot: int, path: str | os.PathLike) -> tuple[int, int]:
+        """Load a slot file into an idle slot (its KV then serves ``cache_prompt``): (tokens, bytes)."""
+        n_tokens, n_bytes = ffi.new("int32_t *"), ffi.new("size_t *")
+        check(lib.dflash_scheduler_slot_restore(self._h(), slot, os.fsencode(path), n_tokens, n_bytes))
+        return int(n_tokens[0]), int(n_bytes[0])
+
+    def slot_erase(self, slot: int) -> int:
+        """Forget an idle slot's KV; returns the number of tokens dropped."""
+        n_tokens = ffi.new("int32_t *")
+        check(lib.dflash_scheduler_slot_erase(self._h(), slot, n_tokens))
+        return int(n_tokens[0])
 
     def run(self, seq_ids: Sequence[int]) -> list[Result]:
         """Step until every sequence of ``seq_ids`` finished; their results in that order. On an

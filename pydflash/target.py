@@ -34,6 +34,15 @@ class TargetInfo:
     token_bos: int
     token_eos: int
     add_bos: bool
+    add_eos: bool = False
+    # fill-in-the-middle tokens (-1: the vocab has none), as /infill uses them
+    token_fim_pre: int = -1
+    token_fim_suf: int = -1
+    token_fim_mid: int = -1
+    token_fim_pad: int = -1
+    token_fim_rep: int = -1
+    token_fim_sep: int = -1
+    token_sep: int = -1
 
 
 Message = dict  # {"role": str, "content": str}
@@ -110,6 +119,14 @@ class Target(NativeObject):
             token_bos=info.token_bos,
             token_eos=info.token_eos,
             add_bos=bool(info.add_bos),
+            add_eos=bool(info.add_eos),
+            token_fim_pre=info.token_fim_pre,
+            token_fim_suf=info.token_fim_suf,
+            token_fim_mid=info.token_fim_mid,
+            token_fim_pad=info.token_fim_pad,
+            token_fim_rep=info.token_fim_rep,
+            token_fim_sep=info.token_fim_sep,
+            token_sep=info.token_sep,
         )
 
 
@@ -168,6 +185,30 @@ class Target(NativeObject):
                     self._h(), r_array, c_array, len(roles), add_assistant, buf, n, out
                 )
             )
+
+    POOLING = {"none": 0, "mean": 1, "cls": 2, "last": 3}
+
+    def embed(self, tokens: Sequence[int], *, pooling: str = "mean") -> np.ndarray:
+        """Embeddings computed by libllama with its own pooling ("none": one row per token;
+        "mean", "cls", "last": one row), un-normalised: float32 [n_rows, n_embd]. Runs on a
+        second context of the same weights, made on first use."""
+        if pooling not in self.POOLING:
+            raise errors.InvalidArgumentError(f"pooling must be one of {sorted(self.POOLING)}, got {pooling!r}")
+        array = self._token_array(tokens, allow_empty=False)
+        n_rows = ffi.new("int32_t *")
+        n_out = ffi.new("size_t *")
+        rows = len(tokens) if pooling == "none" else 1
+        size = rows * self.info.n_embd
+        for _ in range(2):
+            buf = np.empty(size, dtype=np.float32)
+            status = lib.dflash_target_embed(self._h(), array, len(tokens), self.POOLING[pooling],
+                                             ffi.cast("float *", buf.ctypes.data), size, n_out, n_rows)
+            if status == lib.DFLASH_ERR_BUFFER_TOO_SMALL:
+                size = n_out[0]
+                continue
+            check(status)
+            return buf[: n_out[0]].reshape(n_rows[0], -1)
+        raise errors.InternalError("embedding buffer size changed between calls")
 
     def is_eog(self, token: int) -> bool:
         with self._lock:

@@ -51,6 +51,7 @@ typedef enum dflash_status {
     DFLASH_ERR_BACKEND          = 7,  /* the compute backend failed (llama_decode error, OOM) */
     DFLASH_ERR_CANCELLED        = 8,  /* a callback asked to stop */
     DFLASH_ERR_UNSUPPORTED      = 9,  /* valid request this build/model cannot do */
+    DFLASH_ERR_BUSY             = 10, /* the resource is in use (e.g. a slot running a request) */
     DFLASH_ERR_INTERNAL         = 99  /* a bug: please report */
 } dflash_status;
 
@@ -158,6 +159,10 @@ typedef struct dflash_target_info {
     int32_t token_bos;      /* -1 if none */
     int32_t token_eos;      /* -1 if none */
     bool    add_bos;        /* the vocab wants BOS prepended */
+    bool    add_eos;        /* the vocab wants EOS appended */
+    /* fill-in-the-middle tokens (-1 if the vocab has none) */
+    int32_t token_fim_pre, token_fim_suf, token_fim_mid, token_fim_pad, token_fim_rep, token_fim_sep;
+    int32_t token_sep;      /* -1 if none */
 } dflash_target_info;
 
 dflash_target_params dflash_target_default_params(void);
@@ -193,6 +198,47 @@ dflash_status dflash_target_apply_chat_template(const dflash_target * target,
                                                 size_t * n_out);
 
 bool dflash_target_token_is_eog(const dflash_target * target, int32_t token);
+
+/* Embeddings of tokens with libllama's own pooling (a llama_pooling_type: 0 none = one row per
+ * token, 1 mean, 2 cls, 3 last = one row), un-normalised, into out [n_rows x n_embd_out].
+ * Runs on a second context of the same weights (made on first use; generation is not
+ * disturbed). On DFLASH_ERR_BUFFER_TOO_SMALL *n_out holds the needed float count. */
+dflash_status dflash_target_embed(dflash_target * target, const int32_t * tokens, int32_t n_tokens,
+                                  int32_t pooling, float * out, size_t n_out_max, size_t * n_out,
+                                  int32_t * n_rows);
+
+/* ---------------------------------------------------------------------------------------------
+ * Chat templates and structured output, with llama.cpp's common chat library (its Jinja engine
+ * and JSON-schema converter), as llama-server uses them. Strings it returns are freed with
+ * dflash_string_free.
+ * ------------------------------------------------------------------------------------------- */
+
+typedef struct dflash_chat dflash_chat;
+
+void dflash_string_free(char * s);
+
+/* GBNF grammar for a JSON schema (JSON text). */
+dflash_status dflash_json_schema_to_grammar(const char * schema_json, char ** out);
+
+/* options_json (NULL = defaults): {"template": Jinja source or a built-in template name ("" =
+ * the GGUF's), "use_jinja": true, "reasoning": "auto"|"on"|"off", "reasoning_format": name,
+ * "prefill_assistant": true, "chat_template_kwargs": {...}} (llama-server's flags). A template
+ * the engine cannot use fails here. */
+dflash_status dflash_chat_create(const dflash_target * target, const char * options_json, dflash_chat ** out);
+void          dflash_chat_free(dflash_chat * chat);
+/* The template source in use. */
+dflash_status dflash_chat_source(const dflash_chat * chat, char ** out);
+/* Render an OpenAI chat request (JSON: messages, tools, tool_choice, add_generation_prompt,
+ * continue_final_message, chat_template_kwargs, reasoning_format, reasoning_effort, grammar,
+ * json_schema, response_format ...) with llama-server's checks (DFLASH_ERR_INVALID_ARGUMENT
+ * with its message). *out: JSON {prompt, grammar, grammar_lazy, grammar_triggers,
+ * preserved_tokens, additional_stops, json_schema, format, format_name, generation_prompt,
+ * parser, parse_tool_calls, reasoning_format, is_continuation}. */
+dflash_status dflash_chat_render(const dflash_chat * chat, const char * request_json, char ** out);
+/* Split generated text into an OpenAI assistant message (content, reasoning_content,
+ * tool_calls) with the parser of a render (render_json: what dflash_chat_render gave). */
+dflash_status dflash_chat_parse(const dflash_chat * chat, const char * render_json, const char * text,
+                                bool is_partial, char ** out);
 
 /* -- low-level decoding (tests, training-data capture, research) ------------------------------ */
 
@@ -250,6 +296,17 @@ typedef struct dflash_generate_params {
     const char * const *  stop;         /* stop strings (may be NULL) */
     int32_t               n_stop;
     bool                  ignore_eos;
+    /* Constraints on the target's logits, applied before every pick (so speculative decoding
+     * verifies drafts against the constrained distribution and stays exact). Copied. */
+    const char *          grammar;            /* GBNF with a "root" rule (NULL/"": none); one
+                                                 that does not parse fails the call */
+    const int32_t *       logit_bias_tokens;  /* added to these tokens' logits ... */
+    const float *         logit_bias;         /* ... (-INFINITY bans a token) */
+    int32_t               n_logit_bias;
+    /* Probabilities of the generated tokens (llama-server's n_probs), see dflash_output_probs */
+    int32_t               n_probs;            /* top candidates kept per token (0: none) */
+    bool                  post_sampling_probs;  /* of the sampler's final distribution (else the
+                                                   softmax of the raw logits) */
 } dflash_generate_params;
 
 typedef struct dflash_stats {
@@ -307,6 +364,12 @@ dflash_status dflash_target_generate_replay(dflash_target * target, const int32_
 const int32_t *      dflash_output_tokens(const dflash_output * output, int32_t * n_tokens);
 const char *         dflash_output_text(const dflash_output * output, size_t * n_bytes);
 const dflash_stats * dflash_output_stats(const dflash_output * output);
+/* n_probs > 0: per generated token its log-probability (logprob[n_tokens]) and its n_probs most
+ * likely candidates (top_ids / top_logprobs [n_tokens x n_probs], id -1 past the candidates).
+ * *n_probs = 0 when none were asked for. Borrowed from the output. */
+void                 dflash_output_probs(const dflash_output * output, int32_t * n_tokens, int32_t * n_probs,
+                                         const float ** logprob, const int32_t ** top_ids,
+                                         const float ** top_logprobs);
 void                 dflash_output_free(dflash_output * output);
 
 /* ---------------------------------------------------------------------------------------------
@@ -566,6 +629,9 @@ void          dflash_scheduler_free(dflash_scheduler * scheduler);
 dflash_status dflash_scheduler_add(dflash_scheduler * scheduler, const int32_t * prompt, int32_t n_prompt,
                                    const dflash_request_params * params, dflash_token_callback callback,
                                    void * user_data, int32_t * id);
+/* A queued, running or finished sequence's output so far (tokens, probabilities): borrowed,
+ * valid until the next step / take. A token callback may read it for the token it was given. */
+dflash_status dflash_scheduler_peek(const dflash_scheduler * scheduler, int32_t id, const dflash_output ** out);
 /* Stop a queued or running sequence at the next step (its stop reason: cancelled). */
 dflash_status dflash_scheduler_cancel(dflash_scheduler * scheduler, int32_t id);
 /* One step (returns at once when there is nothing to do). */
@@ -575,6 +641,15 @@ int32_t       dflash_scheduler_finished(const dflash_scheduler * scheduler, int3
 /* The output of a finished sequence (caller frees it); the sequence is forgotten. */
 dflash_status dflash_scheduler_take(dflash_scheduler * scheduler, int32_t id, dflash_output ** out);
 dflash_status dflash_scheduler_slot_info(const dflash_scheduler * scheduler, int32_t slot, dflash_slot_info * out);
+/* Slot files (llama-server's /slots/{id}?action=save|restore|erase): an idle slot's KV and tokens
+ * (DFLASH_ERR_BUSY while it runs a request). *n_tokens: tokens saved / restored / dropped;
+ * *n_bytes (may be NULL): the file's size. After a restore a plain request reuses the restored
+ * prefix; a speculative one re-decodes it (the drafter has no features for it). */
+dflash_status dflash_scheduler_slot_save(dflash_scheduler * scheduler, int32_t slot, const char * path,
+                                         int32_t * n_tokens, size_t * n_bytes);
+dflash_status dflash_scheduler_slot_restore(dflash_scheduler * scheduler, int32_t slot, const char * path,
+                                            int32_t * n_tokens, size_t * n_bytes);
+dflash_status dflash_scheduler_slot_erase(dflash_scheduler * scheduler, int32_t slot, int32_t * n_tokens);
 dflash_status dflash_scheduler_get_tuning(const dflash_scheduler * scheduler, dflash_tuning * out);
 dflash_status dflash_scheduler_set_tuning(dflash_scheduler * scheduler, const dflash_tuning * tuning);
 

@@ -2,8 +2,10 @@
 // of its own lives here.
 #include "dflash.h"
 
+#include "chat_request.h"
 #include "devices.h"
 #include "drafter.h"
+#include "embedder.h"
 #include "error.h"
 #include "dflash_draft_source.h"
 #include "scheduler.h"
@@ -16,6 +18,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <new>
@@ -30,7 +33,12 @@ using dflash::fail;
 
 struct dflash_target {
     dflash::Target impl;
+    std::unique_ptr<dflash::Embedder> embedder;  // made on the first dflash_target_embed
     dflash_target(const char * path, const dflash_target_params & p) : impl(path, p) {}
+};
+
+struct dflash_chat {
+    std::unique_ptr<dflash::Chat> impl;
 };
 
 struct dflash_drafter {
@@ -84,7 +92,7 @@ extern "C" {
 
 const char * dflash_last_error(void) { return dflash::last_error_cstr(); }
 
-int32_t dflash_abi_version(void) { return 4; }
+int32_t dflash_abi_version(void) { return 5; }
 
 int32_t dflash_device_count(void) { return dflash::device_count(); }
 
@@ -479,6 +487,44 @@ dflash_status dflash_scheduler_slot_info(const dflash_scheduler * scheduler, int
     });
 }
 
+dflash_status dflash_scheduler_peek(const dflash_scheduler * scheduler, int32_t id, const dflash_output ** out) {
+    return guarded([&] {
+        require(scheduler && out, "NULL argument");
+        *out = &scheduler->impl->peek(id);
+    });
+}
+
+dflash_status dflash_scheduler_slot_save(dflash_scheduler * scheduler, int32_t slot, const char * path,
+                                         int32_t * n_tokens, size_t * n_bytes) {
+    return guarded([&] {
+        require(scheduler && path && n_tokens, "NULL argument");
+        size_t bytes = 0;
+        *n_tokens = scheduler->impl->slot_save(slot, path, &bytes);
+        if (n_bytes) {
+            *n_bytes = bytes;
+        }
+    });
+}
+
+dflash_status dflash_scheduler_slot_restore(dflash_scheduler * scheduler, int32_t slot, const char * path,
+                                            int32_t * n_tokens, size_t * n_bytes) {
+    return guarded([&] {
+        require(scheduler && path && n_tokens, "NULL argument");
+        size_t bytes = 0;
+        *n_tokens = scheduler->impl->slot_restore(slot, path, &bytes);
+        if (n_bytes) {
+            *n_bytes = bytes;
+        }
+    });
+}
+
+dflash_status dflash_scheduler_slot_erase(dflash_scheduler * scheduler, int32_t slot, int32_t * n_tokens) {
+    return guarded([&] {
+        require(scheduler && n_tokens, "NULL argument");
+        *n_tokens = scheduler->impl->slot_erase(slot);
+    });
+}
+
 dflash_status dflash_scheduler_get_tuning(const dflash_scheduler * scheduler, dflash_tuning * out) {
     return guarded([&] {
         require(scheduler && out, "NULL argument");
@@ -509,7 +555,98 @@ const char * dflash_output_text(const dflash_output * output, size_t * n_bytes) 
 
 const dflash_stats * dflash_output_stats(const dflash_output * output) { return output ? &output->stats : nullptr; }
 
+void dflash_output_probs(const dflash_output * output, int32_t * n_tokens, int32_t * n_probs, const float ** logprob,
+                         const int32_t ** top_ids, const float ** top_logprobs) {
+    const bool have = output && output->n_probs > 0;
+    if (n_tokens) {
+        *n_tokens = have ? int32_t(output->logprob.size()) : 0;
+    }
+    if (n_probs) {
+        *n_probs = have ? output->n_probs : 0;
+    }
+    if (logprob) {
+        *logprob = have ? output->logprob.data() : nullptr;
+    }
+    if (top_ids) {
+        *top_ids = have ? output->top_ids.data() : nullptr;
+    }
+    if (top_logprobs) {
+        *top_logprobs = have ? output->top_logprobs.data() : nullptr;
+    }
+}
+
 void dflash_output_free(dflash_output * output) { delete output; }
+
+dflash_status dflash_target_embed(dflash_target * target, const int32_t * tokens, int32_t n_tokens, int32_t pooling,
+                                  float * out, size_t n_out_max, size_t * n_out, int32_t * n_rows) {
+    return guarded([&] {
+        require(target && n_out && n_rows, "NULL argument");
+        require(out || n_out_max == 0, "out is NULL");
+        if (!target->embedder) {
+            target->embedder = std::make_unique<dflash::Embedder>(target->impl, llama_n_threads(target->impl.ctx()));
+        }
+        const std::vector<float> e = target->embedder->embed(tokens, n_tokens, pooling, n_rows);
+        *n_out = e.size();
+        if (e.size() > n_out_max) {
+            dflash::fail(DFLASH_ERR_BUFFER_TOO_SMALL, "the embeddings need %zu floats (buffer: %zu)", e.size(), n_out_max);
+        }
+        std::copy(e.begin(), e.end(), out);
+    });
+}
+
+namespace {
+char * c_string(const std::string & s) {
+    char * out = static_cast<char *>(std::malloc(s.size() + 1));
+    if (!out) {
+        dflash::fail(DFLASH_ERR_BACKEND, "out of memory");
+    }
+    std::memcpy(out, s.c_str(), s.size() + 1);
+    return out;
+}
+}  // namespace
+
+void dflash_string_free(char * s) { std::free(s); }
+
+dflash_status dflash_json_schema_to_grammar(const char * schema_json, char ** out) {
+    return guarded([&] {
+        require(schema_json && out, "NULL argument");
+        *out = c_string(dflash::json_schema_grammar(schema_json));
+    });
+}
+
+dflash_status dflash_chat_create(const dflash_target * target, const char * options_json, dflash_chat ** out) {
+    return guarded([&] {
+        require(target && out, "NULL argument");
+        *out = nullptr;
+        auto chat = std::make_unique<dflash_chat>();
+        chat->impl = std::make_unique<dflash::Chat>(target->impl, options_json);
+        *out = chat.release();
+    });
+}
+
+void dflash_chat_free(dflash_chat * chat) { delete chat; }
+
+dflash_status dflash_chat_source(const dflash_chat * chat, char ** out) {
+    return guarded([&] {
+        require(chat && out, "NULL argument");
+        *out = c_string(chat->impl->source());
+    });
+}
+
+dflash_status dflash_chat_render(const dflash_chat * chat, const char * request_json, char ** out) {
+    return guarded([&] {
+        require(chat && request_json && out, "NULL argument");
+        *out = c_string(chat->impl->render(request_json));
+    });
+}
+
+dflash_status dflash_chat_parse(const dflash_chat * chat, const char * render_json, const char * text, bool is_partial,
+                                char ** out) {
+    return guarded([&] {
+        require(chat && render_json && text && out, "NULL argument");
+        *out = c_string(chat->impl->parse(render_json, text, is_partial));
+    });
+}
 
 dflash_status dflash_model_summarize(const char * path, dflash_model_summary * out) {
     return guarded([&] {

@@ -35,4 +35,9 @@ struct dflash_output {
     std::vector<int32_t> tokens;
     std::string          text;
     dflash_stats         stats{};
+    // n_probs > 0: per token its log-probability and the n_probs most likely tokens
+    int32_t              n_probs = 0;
+    std::vector<float>   logprob;       // [n_tokens]
+    std::vector<int32_t> top_ids;       // [n_tokens x n_probs], -1 past the candidates
+    std::vector<float>   top_logprobs;  // [n_tokens x n_probs]
 };

@@ -1,5 +1,7 @@
 #include "scheduler.h"
 
+#include "constraints.h"
+
 #include "dflash_draft_source.h"
 #include "error.h"
 #include "speculative.h"
@@ -97,6 +99,7 @@ struct Scheduler::Sequence {
     Slot * slot = nullptr;
     DraftSource * source = nullptr;
     Rng rng;
+    std::unique_ptr<Constraints> constraints;  // logit bias, grammar, n_probs
     std::unique_ptr<dflash_output> out = std::make_unique<dflash_output>();
     std::unique_ptr<Committer> committer;
     int32_t n_prefilled = 0;  // prompt tokens decoded
@@ -207,6 +210,12 @@ int32_t Scheduler::add(const int32_t * prompt, int32_t n_prompt, RequestParams r
         next_id_ = 1;
     }
     s->prompt.assign(prompt, prompt + n_prompt);
+    // copies the grammar and biases (the caller's pointers are only borrowed for this call)
+    s->constraints = std::make_unique<Constraints>(ConstraintSpec::from_params(req.gen, target_), target_);
+    req.gen.grammar = nullptr;
+    req.gen.logit_bias_tokens = nullptr;
+    req.gen.logit_bias = nullptr;
+    req.gen.n_logit_bias = 0;
     s->req = std::move(req);
     for (const auto & st : s->req.stop) {
         s->stop_ptrs.push_back(st.c_str());
@@ -256,6 +265,14 @@ std::unique_ptr<dflash_output> Scheduler::take(int32_t id) {
     fail(DFLASH_ERR_INVALID_ARGUMENT, "no sequence %d", id);
 }
 
+const dflash_output & Scheduler::peek(int32_t id) const {
+    const Sequence * s = find(id);
+    if (!s) {
+        fail(DFLASH_ERR_INVALID_ARGUMENT, "no sequence %d", id);
+    }
+    return *s->out;
+}
+
 int32_t Scheduler::n_pending() const {
     int32_t n = 0;
     for (const auto & s : seqs_) {
@@ -280,6 +297,67 @@ void Scheduler::slot_info(int32_t slot, dflash_slot_info * out) const {
         out->n_past = s->n_past;
         out->n_prompt_cached = s->out->stats.n_cached;
     }
+}
+
+// -- slot files ------------------------------------------------------------------------------
+
+Scheduler::Slot & Scheduler::idle_slot(int32_t slot, const char * action) {
+    if (slot < 0 || slot >= int32_t(slots_.size())) {
+        fail(DFLASH_ERR_INVALID_ARGUMENT, "slot %d is outside 0..%zu", slot, slots_.size() - 1);
+    }
+    Slot & sl = *slots_[size_t(slot)];
+    if (sl.owner != 0) {
+        fail(DFLASH_ERR_BUSY, "slot %d is processing a request: cannot %s it now", slot, action);
+    }
+    if (target_.seq_pos_max(sl.index) + 1 != int32_t(sl.kv.size())) {
+        sl.kv.clear();  // the target's sequence was used directly in between
+        target_.rollback(sl.index, 0);
+    }
+    return sl;
+}
+
+int32_t Scheduler::slot_save(int32_t slot, const char * path, size_t * n_bytes) {
+    Slot & sl = idle_slot(slot, "save");
+    const size_t n = llama_state_seq_save_file(target_.ctx(), path, sl.index, sl.kv.data(), sl.kv.size());
+    if (n == 0) {
+        fail(DFLASH_ERR_IO, "could not write the slot file '%s'", path);
+    }
+    *n_bytes = n;
+    return int32_t(sl.kv.size());
+}
+
+int32_t Scheduler::slot_restore(int32_t slot, const char * path, size_t * n_bytes) {
+    Slot & sl = idle_slot(slot, "restore");
+    std::vector<int32_t> tokens(size_t(target_.n_ctx()));
+    size_t n_tokens = 0;
+    target_.rollback(sl.index, 0);
+    sl.kv.clear();
+    const size_t n = llama_state_seq_load_file(target_.ctx(), path, sl.index, tokens.data(), tokens.size(), &n_tokens);
+    if (n == 0) {
+        target_.rollback(sl.index, 0);
+        fail(DFLASH_ERR_IO, "could not restore the slot from '%s' (missing, not a slot file of this model, "
+             "or longer than the slot's context)", path);
+    }
+    tokens.resize(n_tokens);
+    sl.kv = std::move(tokens);
+    // the drafter context of this slot has no features for the restored rows: a speculative
+    // request re-decodes them (see start_prefill), a plain one reuses them
+    sl.kv_source = nullptr;
+    sl.n_pending = 0;
+    sl.pending_pos = 0;
+    *n_bytes = n;
+    return int32_t(sl.kv.size());
+}
+
+int32_t Scheduler::slot_erase(int32_t slot) {
+    Slot & sl = idle_slot(slot, "erase");
+    const int32_t n = int32_t(sl.kv.size());
+    target_.rollback(sl.index, 0);
+    sl.kv.clear();
+    sl.kv_source = nullptr;
+    sl.n_pending = 0;
+    sl.pending_pos = 0;
+    return n;
 }
 
 // -- admission -------------------------------------------------------------------------------
@@ -495,26 +573,38 @@ void Scheduler::accept(Sequence & s) {
     const auto t0 = clock_type::now();
     const int32_t n_draft = int32_t(s.draft.tokens.size());
     const dflash_sampling_params & sp = s.req.gen.sampling;
+    Constraints & cons = *s.constraints;
     int32_t n_acc = 0;
     int32_t next = -1;
+    bool decided = false;  // `next` came from a rejected draft's row
     for (; n_acc < n_draft; ++n_acc) {
+        // each row is judged with the constraints (grammar state) after the drafts before it
         const float * row = target_.logits(s.row0 + n_acc);
         const int32_t y = s.draft.tokens[size_t(n_acc)];
         if (sp.temperature <= 0.0f) {
-            next = argmax(row, target_.n_vocab());
+            next = cons.greedy(row);
             if (next != y) {
+                decided = true;
                 break;
             }
         } else {
-            build_distribution(row, target_.n_vocab(), sp, p_row_);
+            build_distribution(cons.apply(row), target_.n_vocab(), sp, p_row_);
             if (!accept_or_resample(p_row_, s.draft.q.at(size_t(n_acc)), y, s.rng, &next)) {
+                decided = true;
                 break;
             }
         }
+        cons.record_probs(row, y, sp, *s.out);
+        cons.accept(y);
         next = -1;
     }
-    if (next < 0) {  // all drafts accepted (or none proposed): the bonus token
-        next = sample_token(target_.logits(s.row0 + n_draft), target_.n_vocab(), sp, s.rng, p_row_);
+    const float * last_row = target_.logits(s.row0 + n_acc);
+    if (!decided) {  // all drafts accepted (or none proposed): the bonus token
+        next = cons.sample(last_row, sp, s.rng, p_row_);
+    }
+    if (next >= 0) {
+        cons.record_probs(last_row, next, sp, *s.out);
+        cons.accept(next);
     }
     st.n_accepted += n_acc;
     st.n_drafted += n_draft;
@@ -545,7 +635,10 @@ void Scheduler::accept(Sequence & s) {
     for (int32_t i = 0; i < n_acc && running; ++i) {
         running = s.committer->push(s.draft.tokens[size_t(i)]);
     }
-    if (running) {
+    if (running && next < 0) {  // the grammar is complete and allows nothing more
+        st.stop_reason = DFLASH_STOP_EOS;
+        running = false;
+    } else if (running) {
         running = s.committer->push(next);
     }
     s.anchor = next;
@@ -559,6 +652,12 @@ void Scheduler::finish(Sequence & s) {
         return;
     }
     s.committer->finish();
+    if (s.out->n_probs > 0) {  // probabilities of tokens past a stop were recorded, not committed
+        const size_t n = s.out->tokens.size(), k = size_t(s.out->n_probs);
+        s.out->logprob.resize(std::min(s.out->logprob.size(), n));
+        s.out->top_ids.resize(std::min(s.out->top_ids.size(), n * k));
+        s.out->top_logprobs.resize(std::min(s.out->top_logprobs.size(), n * k));
+    }
     s.out->stats.t_total_ms = ms_since(s.t_started == clock_type::time_point{} ? s.t_added : s.t_started);
     s.state = Sequence::DONE;
     if (s.slot) {
@@ -724,12 +823,19 @@ void Scheduler::step(dflash_step_info * info) {
             continue;
         }
         auto & st = s->out->stats;
-        s->anchor = sample_token(target_.logits(s->row0 + s->n_rows - 1), target_.n_vocab(), s->req.gen.sampling,
-                                 s->rng, p_row_);
+        const float * row = target_.logits(s->row0 + s->n_rows - 1);
+        s->anchor = s->constraints->sample(row, s->req.gen.sampling, s->rng, p_row_);
+        if (s->anchor >= 0) {
+            s->constraints->record_probs(row, s->anchor, s->req.gen.sampling, *s->out);
+            s->constraints->accept(s->anchor);
+        }
         st.t_prefill_ms = ms_since(s->t_started);
         s->state = Sequence::DECODE;
         if (s->req.gen.max_tokens == 0) {
             st.stop_reason = DFLASH_STOP_MAX_TOKENS;
+            finish(*s);
+        } else if (s->anchor < 0) {  // the grammar allows no first token
+            st.stop_reason = DFLASH_STOP_EOS;
             finish(*s);
         } else if (!s->committer->push(s->anchor)) {
             finish(*s);

@@ -63,7 +63,13 @@ public:
     // Finished sequences whose output was not taken yet.
     std::vector<int32_t> finished() const;
     std::unique_ptr<dflash_output> take(int32_t id);
+    const dflash_output & peek(int32_t id) const;
     void slot_info(int32_t slot, dflash_slot_info * out) const;
+    // An idle slot's KV and tokens to / from a file (llama-server's slot save / restore), or
+    // forgotten (erase). Return the number of tokens written / read / dropped.
+    int32_t slot_save(int32_t slot, const char * path, size_t * n_bytes);
+    int32_t slot_restore(int32_t slot, const char * path, size_t * n_bytes);
+    int32_t slot_erase(int32_t slot);
 
     int32_t n_pending() const;  // sequences queued or running
     WidthPolicy & policy() { return policy_; }
@@ -83,6 +89,7 @@ private:
     void keep_features(Slot & slot, int32_t first_row, int32_t pos, int32_t n);
     void flush_features(Slot & slot, DraftSource & src);
     Sequence * find(int32_t id) const;
+    Slot & idle_slot(int32_t slot, const char * action);
 
     Target & target_;
     Drafter * drafter_;

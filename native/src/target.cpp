@@ -122,6 +122,14 @@ dflash_target_info Target::info() const {
     out.token_bos   = llama_vocab_bos(vocab_);
     out.token_eos   = llama_vocab_eos(vocab_);
     out.add_bos     = llama_vocab_get_add_bos(vocab_);
+    out.add_eos     = llama_vocab_get_add_eos(vocab_);
+    out.token_fim_pre = llama_vocab_fim_pre(vocab_);
+    out.token_fim_suf = llama_vocab_fim_suf(vocab_);
+    out.token_fim_mid = llama_vocab_fim_mid(vocab_);
+    out.token_fim_pad = llama_vocab_fim_pad(vocab_);
+    out.token_fim_rep = llama_vocab_fim_rep(vocab_);
+    out.token_fim_sep = llama_vocab_fim_sep(vocab_);
+    out.token_sep     = llama_vocab_sep(vocab_);
     return out;
 }
 
