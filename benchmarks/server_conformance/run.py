@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import collections
 import datetime
+import fcntl
 import json
 import os
 import re
@@ -54,7 +55,8 @@ def prepare_tree(tmp: Path) -> Path:
 
 
 def run_server(server: str, label: str, files: list[str], kexpr: str | None, timeout: int,
-               start_timeout: int, logdir: Path) -> None:
+               start_timeout: int, logdir: Path, nodes: list[str] | None = None,
+               lock_prefix: tuple[str, ...] = ("flock", "/tmp/cpu.lock")) -> None:
     name, port = SERVERS[server]
     out = result_path(server, label)
     RESULTS.mkdir(parents=True, exist_ok=True)
@@ -73,8 +75,11 @@ def run_server(server: str, label: str, files: list[str], kexpr: str | None, tim
         }
         env.pop("DEBUG", None)
         for f in files:
-            cmd = ["flock", "/tmp/cpu.lock", sys.executable, "-m", "pytest", "-p", "conformance_plugin",
-                   "-p", "no:cacheprovider", "-q", "-rN", f"--timeout={timeout}", f"unit/{f}"]
+            nodeids = [n for n in (nodes or []) if n.split("::")[0].endswith("/" + f)]
+            if nodes is not None and not nodeids:
+                continue
+            cmd = [*lock_prefix, sys.executable, "-m", "pytest", "-p", "conformance_plugin",
+                   "-p", "no:cacheprovider", "-q", "-rN", f"--timeout={timeout}", *(nodeids or [f"unit/{f}"])]
             if kexpr:
                 cmd += ["-k", kexpr]
             t0 = time.time()
@@ -154,7 +159,10 @@ def report(label: str, files_filter: list[str] | None = None) -> str:
         if mp.exists():
             meta[s] = json.load(open(mp))
     for s, m in meta.items():
-        lines.append(f"- {SERVERS[s][0]}: run {m.get('date')} at pydflash commit `{m.get('commit')}`")
+        lines.append(f"- {SERVERS[s][0]}: run {m.get('date')} at pydflash commit `{m.get('commit')}`"
+                     + (f"; only the tests that passed on llama-server and failed in `{m['rerun_failing_of']}` were "
+                        f"re-run, the others keep their `{m['rerun_failing_of']}` outcome"
+                        if m.get("rerun_failing_of") else ""))
     ratio = (tot["both"] / tot["llama_pass"]) if tot["llama_pass"] else 0.0
     lines += ["", f"**pydflash passes {tot['both']} of the {tot['llama_pass']} runnable tests llama-server passes "
               f"({100 * ratio:.1f} %)**; {tot['llama_only']} pass on llama-server and fail on pydflash.", "",
@@ -202,11 +210,18 @@ def main() -> int:
     ap.add_argument("--fresh", action="store_true", help="drop the server's previous results first")
     ap.add_argument("--timeout", type=int, default=180, help="per-test timeout in s (pytest-timeout)")
     ap.add_argument("--start-timeout", type=int, default=240, help="server start timeout in s")
+    ap.add_argument("--rerun-failing", metavar="FROM_LABEL", default=None,
+                    help="pydflash only: start from pydflash-FROM_LABEL.json and re-run just the tests that pass "
+                         "on llama-server and fail there (a quick 'after'; tests that passed are not re-checked)")
+    ap.add_argument("--skip-done", action="store_true",
+                    help="per server, skip test files that already have results (resume a run)")
     ap.add_argument("--report-only", action="store_true", help="only rebuild report-<label>.md")
     ap.add_argument("--logdir", default=None, help="pytest logs (default a temp dir)")
     a = ap.parse_args()
     files = [Path(f).name for f in a.files] or all_files()
     servers = ["llama", "pydflash"] if a.server == "both" else [a.server]
+    if a.rerun_failing:
+        servers = ["pydflash"]
     if not a.report_only:
         logdir = Path(a.logdir or tempfile.mkdtemp(prefix="conformance-logs-"))
         logdir.mkdir(parents=True, exist_ok=True)
@@ -216,15 +231,37 @@ def main() -> int:
         dirty = subprocess.run(["git", "status", "--porcelain", "--", "pydflash", "native"], cwd=REPO,
                                capture_output=True, text=True).stdout.strip()
         for s in servers:
+            if a.skip_done and result_path(s, a.label).with_suffix(".meta.json").exists():
+                continue
             if a.fresh and result_path(s, a.label).exists():
                 result_path(s, a.label).unlink()
             meta = {"date": datetime.datetime.now().isoformat(timespec="minutes"),
                     "commit": commit + ("+dirty" if dirty else "")}
+            if a.rerun_failing:
+                meta["rerun_failing_of"] = a.rerun_failing
             result_path(s, a.label).with_suffix(".meta.json").parent.mkdir(parents=True, exist_ok=True)
             result_path(s, a.label).with_suffix(".meta.json").write_text(json.dumps(meta) + "\n")
+        nodes = None
+        if a.rerun_failing:
+            ref, prev = load(result_path("llama", a.label)), load(result_path("pydflash", a.rerun_failing))
+            nodes = [i for i, r in ref.items() if r["outcome"] == PASS and prev.get(i, {}).get("outcome") != PASS
+                     and prev.get(i, {}).get("outcome") != "notrunnable"]
+            result_path("pydflash", a.label).write_text(json.dumps(prev, indent=1, sort_keys=True))
+            print(f"re-running {len(nodes)} tests", flush=True)
         for f in files:  # interleaved per file: partial results are comparable early
-            for s in servers:
-                run_server(s, a.label, [f], a.kexpr, a.timeout, a.start_timeout, logdir)
+            todo = [s for s in servers if not (a.skip_done and any(
+                i.split("::")[0].endswith("/" + f) for i in load(result_path(s, a.label))))]
+            if not todo:
+                continue
+            # one hold of /tmp/cpu.lock (flock(2), as flock(1) takes it) for the file on every server
+            with open("/tmp/cpu.lock", "a") as lockf:
+                fcntl.flock(lockf, fcntl.LOCK_EX)
+                try:
+                    for s in todo:
+                        run_server(s, a.label, [f], a.kexpr, a.timeout, a.start_timeout, logdir, nodes,
+                                   lock_prefix=())
+                finally:
+                    fcntl.flock(lockf, fcntl.LOCK_UN)
             (RESULTS / f"report-{a.label}.md").write_text(report(a.label))
     text = report(a.label)
     (RESULTS / f"report-{a.label}.md").write_text(text)
