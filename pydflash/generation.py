@@ -107,6 +107,7 @@ class SamplingOptions:
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
     grammar: str | None = None       # GBNF with a "root" rule: every token obeys it (also drafts)
+    grammar_prefix: str | None = None  # text the grammar consumes first (a template's generation prompt)
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token, bias); -inf bans the token
     n_probs: int = 0                 # > 0: Result.probs with this many candidates per token
     post_sampling_probs: bool = False
@@ -177,6 +178,10 @@ class SamplingOptions:
             grammar = ffi.new("char[]", self.grammar.encode("utf-8"))
             keepalive.append(grammar)
             params.grammar = grammar
+            if self.grammar_prefix:
+                prefix = ffi.new("char[]", self.grammar_prefix.encode("utf-8"))
+                keepalive.append(prefix)
+                params.grammar_prefix = prefix
         if self.logit_bias:
             tokens = ffi.new("int32_t[]", [t for t, _ in self.logit_bias])
             biases = ffi.new("float[]", [float(b) for _, b in self.logit_bias])

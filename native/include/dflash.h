@@ -300,6 +300,8 @@ typedef struct dflash_generate_params {
      * verifies drafts against the constrained distribution and stays exact). Copied. */
     const char *          grammar;            /* GBNF with a "root" rule (NULL/"": none); one
                                                  that does not parse fails the call */
+    const char *          grammar_prefix;     /* text the grammar consumes first (a chat
+                                                 template's generation prompt), or NULL */
     const int32_t *       logit_bias_tokens;  /* added to these tokens' logits ... */
     const float *         logit_bias;         /* ... (-INFINITY bans a token) */
     int32_t               n_logit_bias;

@@ -5,6 +5,7 @@
 #include "target.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <numeric>
 
@@ -26,7 +27,9 @@ ConstraintSpec ConstraintSpec::from_params(const dflash_generate_params & p, con
     ConstraintSpec spec;
     if (p.grammar && p.grammar[0]) {
         spec.grammar = p.grammar;
-        llama_sampler_free(make_grammar(target, spec.grammar));  // parse now: a bad one fails the request
+        spec.grammar_prefix = p.grammar_prefix ? p.grammar_prefix : "";
+        // parse now: a bad grammar (or a prefix it refuses) fails the request, not a later step
+        Constraints check(spec, target);
     }
     if (p.n_logit_bias < 0 || (p.n_logit_bias > 0 && (!p.logit_bias_tokens || !p.logit_bias))) {
         fail(DFLASH_ERR_INVALID_ARGUMENT, "invalid logit bias list");
@@ -53,8 +56,30 @@ ConstraintSpec ConstraintSpec::from_params(const dflash_generate_params & p, con
 
 Constraints::Constraints(const ConstraintSpec & spec, const Target & target)
     : spec_(spec), n_vocab_(target.n_vocab()) {
-    if (!spec_.grammar.empty()) {
-        grammar_ = make_grammar(target, spec_.grammar);
+    if (spec_.grammar.empty()) {
+        return;
+    }
+    grammar_ = make_grammar(target, spec_.grammar);
+    if (spec_.grammar_prefix.empty()) {
+        return;
+    }
+    // A template's output-format grammar starts with the generation prompt the template already
+    // put into the prompt: feed it those tokens (as llama.cpp's common sampler does), skipping a
+    // leading space some tokenizers add before a special token.
+    const std::vector<int32_t> toks = target.tokenize(spec_.grammar_prefix, false, true);
+    try {
+        for (size_t i = 0; i < toks.size(); ++i) {
+            const std::string piece = target.token_piece(toks[i]);
+            if (i == 0 && !piece.empty() && std::isspace(static_cast<unsigned char>(piece[0])) &&
+                !std::isspace(static_cast<unsigned char>(spec_.grammar_prefix[0]))) {
+                continue;
+            }
+            llama_sampler_accept(grammar_, toks[i]);
+        }
+    } catch (const std::exception & e) {
+        llama_sampler_free(grammar_);
+        grammar_ = nullptr;
+        fail(DFLASH_ERR_INVALID_ARGUMENT, "the grammar does not accept its prefix: %s", e.what());
     }
 }
 

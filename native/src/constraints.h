@@ -26,6 +26,7 @@ class Target;
 // A request's constraints, owned copies of what dflash_generate_params points to.
 struct ConstraintSpec {
     std::string grammar;  // GBNF ("" = none)
+    std::string grammar_prefix;  // text the grammar consumes before the first token
     std::vector<std::pair<int32_t, float>> logit_bias;
     int32_t n_probs = 0;
     bool    post_sampling_probs = false;

@@ -2,6 +2,8 @@
 
 #include "constraints.h"
 
+#include <cstdio>
+
 #include "dflash_draft_source.h"
 #include "error.h"
 #include "speculative.h"
@@ -213,6 +215,7 @@ int32_t Scheduler::add(const int32_t * prompt, int32_t n_prompt, RequestParams r
     // copies the grammar and biases (the caller's pointers are only borrowed for this call)
     s->constraints = std::make_unique<Constraints>(ConstraintSpec::from_params(req.gen, target_), target_);
     req.gen.grammar = nullptr;
+    req.gen.grammar_prefix = nullptr;
     req.gen.logit_bias_tokens = nullptr;
     req.gen.logit_bias = nullptr;
     req.gen.n_logit_bias = 0;
@@ -328,6 +331,11 @@ int32_t Scheduler::slot_save(int32_t slot, const char * path, size_t * n_bytes) 
 
 int32_t Scheduler::slot_restore(int32_t slot, const char * path, size_t * n_bytes) {
     Slot & sl = idle_slot(slot, "restore");
+    if (FILE * f = std::fopen(path, "rb")) {  // a missing file leaves the slot as it was
+        std::fclose(f);
+    } else {
+        fail(DFLASH_ERR_IO, "cannot read the slot file '%s'", path);
+    }
     std::vector<int32_t> tokens(size_t(target_.n_ctx()));
     size_t n_tokens = 0;
     target_.rollback(sl.index, 0);

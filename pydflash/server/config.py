@@ -56,6 +56,7 @@ class ServerConfig:
     pooling: str = "mean"       # --pooling (rank is not supported: no reranking models)
     slot_save_path: str | None = None
     spm_infill: bool = False
+    n_batch_fim: int = 2048     # -b as /infill's prompt budget (llama-server's default batch when not given)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -79,7 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="total context, split evenly over the slots (default 4096; 0: the model's training "
                         "context)")
     p.add_argument("-np", "--parallel", type=int, default=1, help="slots: sequences generated together (default 1)")
-    p.add_argument("-b", "--batch-size", type=int, default=512,
+    p.add_argument("-b", "--batch-size", type=int, default=None,
                    help="most target rows per step: every slot's draft block plus prompt chunks of new requests "
                         "(default 512)")
     p.add_argument("-t", "--threads", type=int, default=None, help="CPU threads (default: all cores)")
@@ -153,6 +154,9 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         raise SystemExit("pydflash serve: --spec-type draft-dflash needs a drafter: -md DRAFTER.gguf")
     if args.parallel < 1:
         raise SystemExit("pydflash serve: -np must be >= 1")
+    n_batch_fim = args.batch_size or 2048  # /infill's prompt budget: llama-server's logical batch (default 2048)
+    if args.batch_size is None:
+        args.batch_size = 512
     if args.batch_size < args.parallel:
         raise SystemExit(f"pydflash serve: -b {args.batch_size} must hold one row of each of the -np "
                          f"{args.parallel} slots")
@@ -174,7 +178,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
     aliases = tuple(a.strip() for a in (args.alias or "").split(",") if a.strip())
     return ServerConfig(
         model=args.model, drafter=args.model_draft if use_draft else None, n_ctx_total=args.ctx_size,
-        n_slots=args.parallel, n_batch=args.batch_size, n_threads=args.threads, n_gpu_layers=args.n_gpu_layers,
+        n_slots=args.parallel, n_batch=args.batch_size, n_batch_fim=n_batch_fim, n_threads=args.threads, n_gpu_layers=args.n_gpu_layers,
         device_draft=args.device_draft, rpc=args.rpc,
         n_max=args.spec_draft_n_max, n_min=args.spec_draft_n_min, p_min=args.spec_draft_p_min,
         cache_prompt=args.cache_prompt, host=hosts[0], hosts=hosts, port=args.port, api_keys=keys, metrics=args.metrics,

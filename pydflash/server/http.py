@@ -592,7 +592,7 @@ class HTTPServer:
 
             n_predict = body.get("n_predict", self.config.n_predict)
             n_predict = n_predict if isinstance(n_predict, int) and n_predict > 0 else 0
-            return infill_tokens(body, info, tok, self.config.n_batch, n_predict, self.steps.n_ctx_slot,
+            return infill_tokens(body, info, tok, self.config.n_batch_fim, n_predict, self.steps.n_ctx_slot,
                                  self.config.spm_infill)
 
         tokens = await self._on_target(build)

@@ -232,7 +232,7 @@ class StepLoop:
             tokens = self._tokens(job)
             seed = job.options["seed"] if job.options["seed"] is not None else random.getrandbits(32)
             options = SamplingOptions.build(**{**job.options, **self._constraints(job), "seed": seed})
-            sid = self.engine.scheduler.add(tokens, options, **self._spec_args(job.spec),
+            sid = self.engine.scheduler.add(tokens, options, **self._spec_args(job.spec), slot=self._slot_of(job),
                                             cache_prompt=job.cache_prompt and self.config.cache_prompt,
                                             on_piece=functools.partial(self._on_piece, job))
         except Exception as exc:  # noqa: BLE001 - bad input: answered 4xx
@@ -244,6 +244,17 @@ class StepLoop:
         self._live[sid] = job
         self._events.append((job, "start", len(tokens)))
 
+    def _slot_of(self, job: Job) -> int | None:
+        """llama-server's ``id_slot``: run in that slot (-1 / absent: any free one)."""
+        slot = job.body.get("id_slot", -1)
+        if not isinstance(slot, int) or isinstance(slot, bool):
+            raise APIError(400, "'id_slot' must be an int")
+        if slot == -1:
+            return None
+        if not 0 <= slot < self.engine.scheduler.n_slots:
+            raise APIError(400, f"Invalid id_slot {slot} (0..{self.engine.scheduler.n_slots - 1})")
+        return slot
+
     def _constraints(self, job: Job) -> dict:
         """Grammar / JSON schema, logit bias and n_probs of the request (a chat request's grammar
         and extra stop words come from its template render)."""
@@ -254,7 +265,8 @@ class StepLoop:
         r = job.render
         if r is not None:
             if r.get("grammar") and not r.get("grammar_lazy"):
-                opts["grammar"] = r["grammar"]
+                opts["grammar"] = r["grammar"]  # the template's output format, after its generation prompt
+                opts["grammar_prefix"] = r.get("generation_prompt") or None
             elif r.get("json_schema"):
                 opts["grammar"] = json_schema_to_grammar(r["json_schema"])
             if r.get("additional_stops"):

@@ -1,0 +1,269 @@
+"""``pydflash serve``'s model-side features against the shipped upstream ``llama-server``: the same
+request to both, the same answer.
+
+Both serve SmolLM2-135M with ``--jinja --embedding --pooling mean``; pydflash with the shipped
+DFlash2 drafter at a fixed n_max 3 (speculation on: constrained outputs and probabilities come
+from verification rows and must still be the target's own), plus a plain pydflash server for
+slot files (a restored slot's KV serves the next prompt; under speculation it is re-decoded
+because the drafter has no features for it). Covered: ``/apply-template`` (llama.cpp's Jinja
+engine, a template file from the pinned tree, its 400s), ``grammar`` / ``json_schema`` /
+``response_format`` (same greedy text, valid JSON), ``n_probs`` (same candidates, log-probs
+within a batch-numerics tolerance) and OpenAI ``logprobs``, ``logit_bias``, ``/embedding`` and
+``/v1/embeddings`` (cosine > 0.9999), ``/slots/{id}?action=save|restore|erase``, ``/infill``
+(Qwen2.5-Coder-0.5B: the FIM prompt tokens are llama-server's).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+from net import free_port, wait_healthy
+from test_server import _stop
+
+from pydflash._tools import tool_path
+
+ROOT = Path(__file__).resolve().parents[1]
+SHIPPED_DRAFTER = ROOT / "pydflash" / "drafters" / "smollm2-135m-instruct-dflash2.gguf"
+COMMON = ["-np", "2", "-c", "2048", "-t", "2", "-b", "64", "--jinja", "--embedding", "--pooling", "mean",
+          "--temp", "0"]
+
+
+def _call(base: str, path: str, body=None, *, method: str | None = None):  # type: ignore[no-untyped-def]
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(base + path, data=data, headers={"Content-Type": "application/json"},
+                                 method=method)
+    try:
+        with urllib.request.urlopen(req, timeout=300) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        raw = exc.read()
+        try:
+            return exc.code, json.loads(raw)
+        except ValueError:
+            return exc.code, raw.decode(errors="replace")
+
+
+def _ok(base: str, path: str, body: dict):  # type: ignore[no-untyped-def]
+    status, out = _call(base, path, body)
+    assert status == 200, out
+    return out
+
+
+def _start(cmd: list[str], tmp: Path, name: str):  # type: ignore[no-untyped-def]
+    port = free_port()
+    log = open(tmp / f"{name}.log", "wb")
+    proc = subprocess.Popen([*cmd, "--host", "127.0.0.1", "--port", str(port)], stdout=log, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(base, proc, timeout=300, log=tmp / f"{name}.log")
+    except BaseException:
+        _stop(proc)
+        raise
+    return proc, base
+
+
+@pytest.fixture(scope="module")
+def servers(smollm2_path, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("native-servers")
+    slots_up, slots_ours = tmp / "slots-upstream", tmp / "slots-ours"
+    slots_up.mkdir()
+    slots_ours.mkdir()
+    procs = []
+    try:
+        p, upstream = _start([str(tool_path("llama-server")), "-m", str(smollm2_path), *COMMON,
+                              "--slot-save-path", str(slots_up)], tmp, "upstream")
+        procs.append(p)
+        p, ours = _start([sys.executable, "-m", "pydflash.server", "-m", str(smollm2_path), *COMMON,
+                          "-md", str(SHIPPED_DRAFTER), "--spec-draft-n-max", "3"], tmp, "ours")
+        procs.append(p)
+        p, plain = _start([sys.executable, "-m", "pydflash.server", "-m", str(smollm2_path), *COMMON,
+                           "--slot-save-path", str(slots_ours)], tmp, "plain")
+        procs.append(p)
+        yield {"upstream": upstream, "ours": ours, "plain": plain}
+    finally:
+        for p in procs:
+            _stop(p)
+
+
+MESSAGES = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name a colour."}]
+
+
+@pytest.mark.parametrize("body", [
+    {"messages": MESSAGES},
+    {"messages": MESSAGES, "add_generation_prompt": False},
+    {"messages": MESSAGES + [{"role": "assistant", "content": "Blu"}]},
+    {"messages": [{"role": "user", "content": [{"type": "text", "text": "Hi"}, {"type": "text", "text": "there"}]}]},
+])
+def test_apply_template_same_prompt(servers, body):
+    ours = _ok(servers["ours"], "/apply-template", body)
+    theirs = _ok(servers["upstream"], "/apply-template", body)
+    assert ours == theirs
+
+
+@pytest.mark.parametrize("body", [
+    {"messages": MESSAGES + [{"role": "assistant", "content": "a"}, {"role": "assistant", "content": "b"}]},
+    {"messages": MESSAGES + [{"role": "assistant", "content": "x"}], "continue_final_message": True,
+     "add_generation_prompt": True},
+    {"messages": "hello"},
+    {"prompt": "no messages"},
+])
+def test_apply_template_same_refusals(servers, body):
+    s_ours, _ = _call(servers["ours"], "/apply-template", body)
+    s_theirs, _ = _call(servers["upstream"], "/apply-template", body)
+    assert s_theirs >= 400
+    assert s_ours == s_theirs
+
+
+def test_chat_template_file(smollm2_path, tmp_path):
+    """A template file from the pinned tree, rendered by both (llama.cpp's Jinja engine)."""
+    from pydflash._upstream import UpstreamServer
+
+    tree = ROOT / ".cache" / "llama-cpp-python-0.3.36" / "vendor" / "llama.cpp" / "models" / "templates"
+    template = tree / "Qwen-Qwen2.5-7B-Instruct.jinja"
+    if not template.exists():
+        pytest.skip("the pinned llama.cpp tree is not extracted here")
+    args = ["-m", str(smollm2_path), "-np", "1", "-c", "512", "-t", "2", "--jinja", "--chat-template-file", str(template)]
+    body = {"messages": MESSAGES, "tools": [{"type": "function", "function": {
+        "name": "get_time", "description": "the time", "parameters": {"type": "object", "properties": {}}}}]}
+    with UpstreamServer(args) as up:
+        theirs = _ok(up.base, "/apply-template", body)
+    p, ours_base = _start([sys.executable, "-m", "pydflash.server", *args], tmp_path, "ours-template")
+    try:
+        ours = _ok(ours_base, "/apply-template", body)
+    finally:
+        _stop(p)
+    assert ours == theirs
+    assert "get_time" in ours["prompt"]
+
+
+GRAMMAR = 'root ::= "Answer: " ("yes" | "no") "."'
+SCHEMA = {"type": "object", "properties": {"colour": {"type": "string", "maxLength": 10}},
+          "required": ["colour"], "additionalProperties": False}
+
+
+def test_grammar_same_text(servers):
+    body = {"prompt": "Is the sky blue?", "grammar": GRAMMAR, "n_predict": 12, "temperature": 0}
+    ours = _ok(servers["ours"], "/completion", body)
+    theirs = _ok(servers["upstream"], "/completion", body)
+    assert ours["content"] == theirs["content"]
+    assert ours["content"] in ("Answer: yes.", "Answer: no.")
+
+
+def test_json_schema_same_text(servers):
+    body = {"prompt": "A colour as JSON:", "json_schema": SCHEMA, "n_predict": 24, "temperature": 0}
+    ours = _ok(servers["ours"], "/completion", body)
+    theirs = _ok(servers["upstream"], "/completion", body)
+    assert ours["content"] == theirs["content"]
+    assert set(json.loads(ours["content"])) == {"colour"}
+
+
+def test_chat_response_format(servers):
+    body = {"messages": MESSAGES, "max_tokens": 32, "temperature": 0,
+            "response_format": {"type": "json_schema", "json_schema": {"schema": SCHEMA}}}
+    ours = _ok(servers["ours"], "/v1/chat/completions", body)
+    theirs = _ok(servers["upstream"], "/v1/chat/completions", body)
+    assert ours["choices"][0]["message"]["content"] == theirs["choices"][0]["message"]["content"]
+    json.loads(ours["choices"][0]["message"]["content"])
+
+
+def test_bad_grammar_is_400(servers):
+    for name in ("ours", "upstream"):
+        status, _ = _call(servers[name], "/completion", {"prompt": "x", "grammar": "root ::= [", "n_predict": 2})
+        assert status == 400, name
+
+
+def test_n_probs_same_candidates(servers):
+    body = {"prompt": "The capital of France is", "n_probs": 3, "n_predict": 4, "temperature": 0}
+    ours = _ok(servers["ours"], "/completion", body)["completion_probabilities"]
+    theirs = _ok(servers["upstream"], "/completion", body)["completion_probabilities"]
+    assert [p["id"] for p in ours] == [p["id"] for p in theirs]
+    for a, b in zip(ours, theirs):
+        assert abs(a["logprob"] - b["logprob"]) < 5e-3
+        assert [q["id"] for q in a["top_logprobs"]] == [q["id"] for q in b["top_logprobs"]]
+        assert a["token"] == b["token"] and a["bytes"] == b["bytes"]
+
+
+def test_chat_logprobs(servers):
+    body = {"messages": MESSAGES, "max_tokens": 4, "temperature": 0, "logprobs": True, "top_logprobs": 2}
+    ours = _ok(servers["ours"], "/v1/chat/completions", body)["choices"][0]["logprobs"]["content"]
+    theirs = _ok(servers["upstream"], "/v1/chat/completions", body)["choices"][0]["logprobs"]["content"]
+    assert [t["token"] for t in ours] == [t["token"] for t in theirs]
+    assert all(len(t["top_logprobs"]) == 2 for t in ours)
+
+
+def test_logit_bias_same_text(servers):
+    first = _ok(servers["upstream"], "/completion", {"prompt": "The capital of France is", "n_predict": 1,
+                                                      "temperature": 0, "return_tokens": True})["tokens"][0]
+    body = {"prompt": "The capital of France is", "n_predict": 6, "temperature": 0, "logit_bias": [[first, False]]}
+    ours = _ok(servers["ours"], "/completion", body)
+    theirs = _ok(servers["upstream"], "/completion", body)
+    assert ours["content"] == theirs["content"]
+
+
+def _vec(x) -> np.ndarray:  # type: ignore[no-untyped-def]
+    return np.asarray(x[0] if isinstance(x[0], list) else x, dtype=np.float64)
+
+
+def test_embeddings_match(servers):
+    body = {"content": "Embeddings turn text into vectors."}
+    ours = _vec(_ok(servers["ours"], "/embedding", body)[0]["embedding"])
+    theirs = _vec(_ok(servers["upstream"], "/embedding", body)[0]["embedding"])
+    assert ours.shape == theirs.shape
+    assert float(ours @ theirs) > 0.9999  # both L2-normalised
+    oai = {"input": ["one text", "another text"], "model": "x"}
+    a = _ok(servers["ours"], "/v1/embeddings", oai)
+    b = _ok(servers["upstream"], "/v1/embeddings", oai)
+    assert len(a["data"]) == len(b["data"]) == 2
+    assert a["usage"] == b["usage"]
+    for x, y in zip(a["data"], b["data"]):
+        assert float(np.dot(x["embedding"], y["embedding"])) > 0.9999
+
+
+def test_slot_save_restore(servers):
+    ours, up = servers["plain"], servers["upstream"]
+    prompt = "Once upon a time, in a quiet village by the sea, there lived"
+    for base in (ours, up):
+        _ok(base, "/completion", {"prompt": prompt, "id_slot": 1, "cache_prompt": True, "n_predict": 8,
+                                   "temperature": 0})
+    a = _ok(ours, "/slots/1?action=save", {"filename": "s1.bin"})
+    b = _ok(up, "/slots/1?action=save", {"filename": "s1.bin"})
+    assert a["n_saved"] == b["n_saved"]
+    a = _ok(ours, "/slots/0?action=restore", {"filename": "s1.bin"})
+    b = _ok(up, "/slots/0?action=restore", {"filename": "s1.bin"})
+    assert a["n_restored"] == b["n_restored"]
+    again = {"prompt": prompt + " a", "id_slot": 0, "cache_prompt": True, "n_predict": 4, "temperature": 0}
+    ra, rb = _ok(ours, "/completion", again), _ok(up, "/completion", again)
+    assert ra["timings"]["cache_n"] == rb["timings"]["cache_n"] > 0
+    for name, base in (("ours", ours), ("upstream", up)):
+        status, _ = _call(base, "/slots/0?action=restore", {"filename": "missing.bin"})
+        assert status >= 400, name
+        status, _ = _call(base, "/slots/0?action=save", {"filename": "../escape.bin"})
+        assert status == 400, name
+    assert _ok(ours, "/slots/1?action=erase", {})["n_erased"] == b["n_restored"]
+
+
+def test_infill_same_prompt(qwen05_path, tmp_path):
+    from pydflash._upstream import UpstreamServer
+
+    args = ["-m", str(qwen05_path), "-np", "1", "-c", "1024", "-t", "2", "--temp", "0"]
+    body = {"input_prefix": "def add(a, b):\n    ", "input_suffix": "\n\nprint(add(1, 2))\n", "prompt": "",
+            "input_extra": [{"filename": "util.py", "text": "def sub(a, b):\n    return a - b\n"}],
+            "n_predict": 8, "temperature": 0}
+    with UpstreamServer(args) as up:
+        theirs = _ok(up.base, "/infill", body)
+    p, base = _start([sys.executable, "-m", "pydflash.server", *args], tmp_path, "ours-infill")
+    try:
+        ours = _ok(base, "/infill", body)
+        status, _ = _call(base, "/infill", {"input_prefix": "x"})
+        assert status == 400
+    finally:
+        _stop(p)
+    assert ours["tokens_evaluated"] == theirs["tokens_evaluated"]
+    assert ours["content"] == theirs["content"]
