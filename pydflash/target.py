@@ -68,6 +68,13 @@ class Target(NativeObject):
     """
 
     _free = staticmethod(lib.dflash_target_free)
+    _chat = None  # ChatTemplates, made on the first apply_chat_template
+
+    def close(self) -> None:
+        if self._chat is not None:
+            self._chat.close()
+            self._chat = None
+        super().close()
 
     def __init__(
         self,
@@ -172,9 +179,20 @@ class Target(NativeObject):
                 lambda buf, n, out: lib.dflash_target_detokenize(self._h(), array, len(tokens), render_special, buf, n, out)
             )
 
-    def apply_chat_template(self, messages: Sequence[Message], *, add_assistant: bool = True) -> str:
-        """Format chat messages with the model's own template."""
+    def apply_chat_template(self, messages: Sequence[Message], *, add_assistant: bool = True,
+                            jinja: bool = True) -> str:
+        """Format chat messages with the model's own template: by llama.cpp's Jinja engine, as
+        llama-server (and ``pydflash serve``) do by default; ``jinja=False``: libllama's built-in
+        template matcher (llama-server's ``--no-jinja``). A final assistant message is continued."""
         roles, contents = _split_messages(messages)
+        if jinja:
+            if self._chat is None:
+                from .chat import ChatTemplates  # local: a cycle otherwise
+
+                self._chat = ChatTemplates(self)
+            body = {"messages": [{"role": r, "content": c} for r, c in zip(roles, contents)],
+                    "add_generation_prompt": add_assistant}
+            return self._chat.render(body)["prompt"]
         c_roles = [ffi.new("char[]", r.encode()) for r in roles]
         c_contents = [ffi.new("char[]", c.encode()) for c in contents]
         r_array = ffi.new("const char *[]", c_roles) if roles else ffi.NULL

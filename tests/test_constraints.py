@@ -235,7 +235,7 @@ def test_embeddings_per_token_and_errors(target):
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}]
 
 
-def test_chat_render_matches_apply_template(target, upstream):
+def test_chat_render_matches_llama_server_apply_template(target, upstream):
     chat = ChatTemplates(target)
     for body in ({"messages": MESSAGES}, {"messages": MESSAGES, "add_generation_prompt": False},
                  {"messages": MESSAGES + [{"role": "assistant", "content": "Hel"}]}):
