@@ -8,6 +8,7 @@ threads safely (they simply take turns).
 from __future__ import annotations
 
 import os
+import threading
 from dataclasses import dataclass
 from typing import Iterator, Sequence
 
@@ -89,6 +90,7 @@ class Target(NativeObject):
         verbose: bool = False,
     ) -> None:
         super().__init__()
+        self._embed_lock = threading.Lock()
         from . import models  # local import: models pulls only when asked
 
         for name, value in (("n_ctx", n_ctx), ("n_batch", n_batch), ("n_seq_max", n_seq_max)):
@@ -186,10 +188,11 @@ class Target(NativeObject):
         template matcher (llama-server's ``--no-jinja``). A final assistant message is continued."""
         roles, contents = _split_messages(messages)
         if jinja:
-            if self._chat is None:
-                from .chat import ChatTemplates  # local: a cycle otherwise
+            with self._lock:
+                if self._chat is None:
+                    from .chat import ChatTemplates  # local: a cycle otherwise
 
-                self._chat = ChatTemplates(self)
+                    self._chat = ChatTemplates(self)
             body = {"messages": [{"role": r, "content": c} for r, c in zip(roles, contents)],
                     "add_generation_prompt": add_assistant}
             return self._chat.render(body)["prompt"]
@@ -217,9 +220,13 @@ class Target(NativeObject):
         n_out = ffi.new("size_t *")
         rows = len(tokens) if pooling == "none" else 1
         size = rows * self.info.n_embd
+        with self._embed_lock:  # one embedding context: calls take turns (generation does not wait)
+            return self._embed(array, len(tokens), pooling, size, n_out, n_rows)
+
+    def _embed(self, array, n_tokens: int, pooling: str, size: int, n_out, n_rows) -> np.ndarray:  # type: ignore[no-untyped-def]
         for _ in range(2):
             buf = np.empty(size, dtype=np.float32)
-            status = lib.dflash_target_embed(self._h(), array, len(tokens), self.POOLING[pooling],
+            status = lib.dflash_target_embed(self._h(), array, n_tokens, self.POOLING[pooling],
                                              ffi.cast("float *", buf.ctypes.data), size, n_out, n_rows)
             if status == lib.DFLASH_ERR_BUFFER_TOO_SMALL:
                 size = n_out[0]
