@@ -124,8 +124,12 @@ class HTTPServer:
         return os.path.basename(self.model_path or self.config.model)
 
     def _settings(self, job: Job | None) -> dict:
-        options = {} if job is None else {**job.options, "seed": job.seed if job.seed is not None else
-                                          job.options.get("seed")}
+        c = self.config
+        if job is None:  # the server's defaults of a request (--seed, --temp, --n-predict)
+            options = {"seed": None if c.seed == -1 else c.seed, "temperature": c.temperature,
+                       "max_tokens": c.n_predict}
+        else:
+            options = {**job.options, "seed": job.seed if job.seed is not None else job.options.get("seed")}
         return settings(options, *self.steps.spec_of(job), speculative=self.speculative)
 
     # -- middleware ----------------------------------------------------------------------------------
@@ -611,17 +615,19 @@ class HTTPServer:
         body = await self._body(request)
         messages = parse_messages(body.get("messages"))
         check_continuation(body, messages)
-        return self.web.json_response({"input_tokens": await self._count_chat(messages)})
+        return self.web.json_response({"input_tokens": await self._count_chat(messages),
+                                       "object": "response.input_tokens"})
 
     async def responses_input_tokens(self, request):  # type: ignore[no-untyped-def]
         chat = responses_to_chat(await self._body(request))
         messages = parse_messages(chat["messages"])
-        return self.web.json_response({"input_tokens": await self._count_chat(messages)})
+        return self.web.json_response({"input_tokens": await self._count_chat(messages),
+                                       "object": "response.input_tokens"})
 
     async def anthropic_count_tokens(self, request):  # type: ignore[no-untyped-def]
         chat = anthropic_to_chat(await self._body(request))
         messages = parse_messages(chat["messages"]) if chat["messages"] else []
-        return self.web.json_response({"input_tokens": await self._count_chat(messages)})
+        return self.web.json_response({"input_tokens": await self._count_chat(messages)})  # no "object" here
 
     # -- Anthropic Messages and OpenAI Responses --------------------------------------------------------
 
