@@ -25,6 +25,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -75,6 +76,9 @@ def run_server(server: str, label: str, files: list[str], kexpr: str | None, tim
         }
         env.pop("DEBUG", None)
         for f in files:
+            with socket.socket() as sock:  # a stale server on the port would answer for the one under test
+                if sock.connect_ex(("127.0.0.1", port)) == 0:
+                    sys.exit(f"run.py: port {port} is already in use (a stale server?); not running {f}")
             nodeids = [n for n in (nodes or []) if n.split("::")[0].endswith("/" + f)]
             if nodes is not None and not nodeids:
                 continue
@@ -132,6 +136,7 @@ def report(label: str, files_filter: list[str] | None = None) -> str:
             src = rl if rl["outcome"] in ("skipped", "notrunnable") else rp
             reason = src.get("error") or src["outcome"]
             if rl["outcome"] == "missing" or rp["outcome"] == "missing":
+                c["missing_" + ("llama" if rl["outcome"] == "missing" else "pydflash")] += 1
                 reason = "not run on one server (" + ("llama-server" if rl["outcome"] == "missing" else "pydflash") + ")"
             notrun[re.sub(r"^Skipped: ", "", reason)[:200]].append(i)
             continue
@@ -168,7 +173,9 @@ def report(label: str, files_filter: list[str] | None = None) -> str:
               f"({100 * ratio:.1f} %)**; {tot['llama_only']} pass on llama-server and fail on pydflash.", "",
               "| " + " | ".join(hdr) + " |", "|" + "---|" * len(hdr)]
     for f, c in per_file.items():
-        lines.append(f"| {f} | " + " | ".join(str(c[k]) for k in cols) + " |")
+        pend = [n for n in ("llama", "pydflash") if c["missing_" + n]]
+        note = f" (not run on {', '.join(SERVERS[n][0] for n in pend)})" if pend else ""
+        lines.append(f"| {f}{note} | " + " | ".join(str(c[k]) for k in cols) + " |")
     lines.append("| **total** | " + " | ".join(f"**{tot[k]}**" for k in cols) + " |")
 
     groups = collections.defaultdict(list)
