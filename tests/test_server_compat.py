@@ -2,8 +2,7 @@
 same answer (tokens, status codes, response shapes).
 
 Both run the same SmolLM2-135M file with plain decoding, two slots, ``--seed 42 --n-predict 16``,
-llama-server with ``--no-jinja`` (the GGUF's template through libllama's built-in matcher, as
-pydflash). Covered: ``/tokenize`` / ``/detokenize``; llama.cpp's prompt forms (token ids, mixed
+both with their default chat templates (llama.cpp's Jinja engine renders the GGUF's template). Covered: ``/tokenize`` / ``/detokenize``; llama.cpp's prompt forms (token ids, mixed
 strings and ids, several prompts, ``{"prompt_string": ...}``); ``/completions`` as the native
 endpoint; CORS (preflight, ``--cors-origins localhost``); several ``--host`` addresses; Anthropic
 ``/v1/messages`` (+ ``count_tokens``), OpenAI ``/v1/responses``, ``/chat/completions/input_tokens``;
@@ -104,7 +103,7 @@ def _start_ours(args: list[str], log: Path) -> tuple[subprocess.Popen, int]:
 def _start_upstream(args: list[str], log: Path) -> tuple[subprocess.Popen, int]:
     port = free_port()
     with open(log, "wb") as f:
-        proc = subprocess.Popen([str(tool_path("llama-server")), *args, "--port", str(port), "--no-jinja",
+        proc = subprocess.Popen([str(tool_path("llama-server")), *args, "--port", str(port),
                                  "--fit", "off", "--no-warmup"], stdout=f, stderr=subprocess.STDOUT)
     return proc, port
 

@@ -267,3 +267,25 @@ def test_infill_same_prompt(qwen05_path, tmp_path):
         _stop(p)
     assert ours["tokens_evaluated"] == theirs["tokens_evaluated"]
     assert ours["content"] == theirs["content"]
+
+
+def test_chat_grammar_same_text(servers):
+    body = {"messages": MESSAGES, "max_tokens": 8, "temperature": 0, "grammar": 'root ::= "a"{5,5}'}
+    ours = _ok(servers["ours"], "/v1/chat/completions", body)["choices"][0]["message"]["content"]
+    theirs = _ok(servers["upstream"], "/v1/chat/completions", body)["choices"][0]["message"]["content"]
+    assert ours == theirs == "aaaaa"
+
+
+@pytest.mark.parametrize("value", [
+    [12, 34, "string", 56], {"prompt_string": "string"},
+    ["s1", {"prompt_string": "s2"}, {"content": [{"type": "text", "text": "s3"}]}],
+    {"content": "string"}, [], {"content": [{"type": "unknown"}]},
+])
+def test_embedding_input_forms(servers, value):
+    s_ours, a = _call(servers["ours"], "/v1/embeddings", {"input": value})
+    s_up, b = _call(servers["upstream"], "/v1/embeddings", {"input": value})
+    assert (s_ours == 200) == (s_up == 200), (a, b)
+    if s_up == 200:
+        assert len(a["data"]) == len(b["data"])
+        for x, y in zip(a["data"], b["data"]):
+            assert float(np.dot(x["embedding"], y["embedding"])) > 0.9999

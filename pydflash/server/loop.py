@@ -269,6 +269,8 @@ class StepLoop:
                 opts["grammar_prefix"] = r.get("generation_prompt") or None
             elif r.get("json_schema"):
                 opts["grammar"] = json_schema_to_grammar(r["json_schema"])
+            elif isinstance(job.body.get("grammar"), str) and job.body["grammar"]:
+                opts["grammar"] = job.body["grammar"]  # the client's own grammar: from the first token
             if r.get("additional_stops"):
                 opts["stop"] = tuple(job.options["stop"]) + tuple(s for s in r["additional_stops"] if s)
         return opts

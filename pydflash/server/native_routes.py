@@ -62,6 +62,16 @@ class NativeRoutes:
         from .text import tokenize_mixed
 
         def one(v: Any) -> list[int]:
+            if isinstance(v, dict):  # {"prompt_string": ...} or {"content": [text parts]}
+                if "prompt_string" in v:
+                    return one(v["prompt_string"])
+                parts = v.get("content")
+                if not isinstance(parts, list) or not parts or not all(
+                        isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+                        for p in parts):
+                    raise APIError(400, f"'{name}' objects need 'prompt_string' or 'content' text parts "
+                                        "(this server has no multimodal projector)")
+                return one("".join(p["text"] for p in parts))
             if isinstance(v, str):
                 return tokenize_mixed(target, [v], add_special=True, parse_special=True)
             if isinstance(v, list) and v and all(isinstance(t, (int, str)) and not isinstance(t, bool) for t in v):
@@ -69,7 +79,11 @@ class NativeRoutes:
                     isinstance(t, str) for t in v) else list(v)
             raise APIError(400, f"'{name}' must be a string, a list of token ids, or a list of those")
 
-        if isinstance(value, list) and value and all(isinstance(v, (str, list)) for v in value):
+        # a list is several prompts when it holds lists or objects, or only strings; a list with
+        # token ids (and maybe strings) is one mixed prompt (llama-server's forms)
+        many = isinstance(value, list) and bool(value) and (
+            any(isinstance(v, (list, dict)) for v in value) or all(isinstance(v, str) for v in value))
+        if many:
             inputs = [one(v) for v in value]
         else:
             inputs = [one(value)]
