@@ -75,6 +75,7 @@ class UpstreamServer:
         self._log = tempfile.NamedTemporaryFile(prefix="llama-server-", suffix=".log", delete=False)
         cmd = [str(tool_path("llama-server")), *args, "--host", "127.0.0.1", "--port", str(self.port)]
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT)
+        self.peak_rss_mib = 0.0
         try:
             wait_healthy(self.base, self.proc, timeout=startup_timeout, log=Path(self._log.name))
         except BaseException:

@@ -289,3 +289,27 @@ def test_embedding_input_forms(servers, value):
         assert len(a["data"]) == len(b["data"])
         for x, y in zip(a["data"], b["data"]):
             assert float(np.dot(x["embedding"], y["embedding"])) > 0.9999
+
+
+def test_gcp_predict(smollm2_path, tmp_path, monkeypatch):
+    """AIP_MODE=PREDICTION: /predict runs each instance through its endpoint (llama-server's
+    Vertex AI mode): the same answers as the endpoints called directly, errors per instance."""
+    monkeypatch.setenv("AIP_MODE", "PREDICTION")
+    args = ["-m", str(smollm2_path), "-np", "2", "-c", "1024", "-t", "2", "--temp", "0"]
+    chat = {"max_tokens": 6, "messages": [{"role": "user", "content": "Say hello"}]}
+    completion = {"n_predict": 4, "prompt": "The capital of France is"}
+    body = {"instances": [{"@requestFormat": "chatCompletions", **chat}, {"@requestFormat": "/completion", **completion},
+                          {"@requestFormat": "noSuchThing"}, "not an object"]}
+    p, base = _start([sys.executable, "-m", "pydflash.server", *args], tmp_path, "ours-gcp")
+    try:
+        ours = _ok(base, "/predict", body)["predictions"]
+        direct_chat = _ok(base, "/v1/chat/completions", chat)
+        direct_completion = _ok(base, "/completion", completion)
+        status, _ = _call(base, "/predict", {"instances": 3})
+    finally:
+        _stop(p)
+    assert status == 400
+    assert len(ours) == 4
+    assert ours[0]["choices"][0]["message"]["content"] == direct_chat["choices"][0]["message"]["content"]
+    assert ours[1]["content"] == direct_completion["content"]
+    assert "error" in ours[2] and "error" in ours[3]

@@ -22,6 +22,7 @@ from typing import Any
 from .config import ServerConfig
 from .loop import SlotView, StepLoop
 from .metrics import Metrics
+from . import gcp
 from .native_routes import NativeRoutes
 from .compat import (anthropic_message, anthropic_stop, anthropic_to_chat, random_id, responses_body,
                      responses_to_chat)
@@ -102,6 +103,7 @@ class HTTPServer:
         r.add_get("/slots", self.slots)
         r.add_get("/props", self.props)
         r.add_get("/metrics", self.prometheus)
+        gcp.register(self, r)  # AIP_MODE=PREDICTION: Vertex AI's /predict over the routes above
 
     # -- names -----------------------------------------------------------------------------------------
 
@@ -427,7 +429,8 @@ class HTTPServer:
             raise APIError(400, "'prompt' is required")
         prompts = parse_prompts(body["prompt"])
         common, jobs, out = self._jobs(body, prompts, ["max_tokens", "n_predict"])
-        verbose = _field(body, ["verbose"], _is_bool, "a boolean", False)
+        # as llama-server: --verbose (its debug mode) adds __verbose to every OpenAI answer
+        verbose = _field(body, ["verbose"], _is_bool, "a boolean", False) or self.config.verbose
         base = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": now(),
                 "model": self.model_id, "system_fingerprint": SYSTEM_FINGERPRINT}
 
@@ -477,7 +480,8 @@ class HTTPServer:
         common, jobs, out = self._chat_jobs(body, ["max_completion_tokens", "max_tokens", "n_predict"])
         for job in jobs:
             job.chat_request = body  # rendered whole (tools, response_format, kwargs) by the Jinja templates
-        verbose = _field(body, ["verbose"], _is_bool, "a boolean", False)
+        # as llama-server: --verbose (its debug mode) adds __verbose to every OpenAI answer
+        verbose = _field(body, ["verbose"], _is_bool, "a boolean", False) or self.config.verbose
         cid, created = f"chatcmpl-{uuid.uuid4().hex}", now()
         base = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": self.model_id,
                 "system_fingerprint": SYSTEM_FINGERPRINT}
