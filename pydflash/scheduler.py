@@ -201,7 +201,7 @@ class Scheduler:
         check(lib.dflash_scheduler_peek(self._h(), seq_id, out))
         n = ffi.new("int32_t *")
         ptr = lib.dflash_output_tokens(out[0], n)
-        return list(ffi.unpack(ptr, n[0])[first:]) if n[0] > first else []
+        return list(ffi.unpack(ptr + first, n[0] - first)) if n[0] > first else []  # only the new ones: per piece
 
     # -- slot files (llama-server's /slots/{id}?action=save|restore|erase) ------------------------
 
