@@ -130,7 +130,7 @@ dflash_status dflash_kernels_set_isa(const char * isa) {
         require(isa != nullptr, "isa is NULL");
         dflash::kern::Isa want = dflash::kern::best_isa();
         if (strcmp(isa, "auto") != 0 && !dflash::kern::parse_isa(isa, &want)) {
-            fail(DFLASH_ERR_INVALID_ARGUMENT, "unknown ISA '%s' (scalar, avx2, avx512, auto)", isa);
+            fail(DFLASH_ERR_INVALID_ARGUMENT, "unknown ISA '%s' (scalar, avx2, avx512, neon, auto)", isa);
         }
         if (!dflash::kern::set_isa(want)) {
             fail(DFLASH_ERR_UNSUPPORTED, "ISA '%s' is not available on this CPU/build (best: %s)", isa,

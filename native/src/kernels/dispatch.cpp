@@ -1,5 +1,5 @@
 // The one place that chooses an ISA for the kernels: CPUID (+ XGETBV: the OS must save the
-// vector registers) at first use, then PYDFLASH_KERNELS_ISA=scalar|avx2 (or set_isa(), for
+// vector registers) at first use, then PYDFLASH_KERNELS_ISA=scalar|avx2|avx512|neon (or set_isa(), for
 // tests) may force a lower one. Asking for an ISA the CPU lacks is refused (falls back to the
 // best available, with a warning), so no path can raise an illegal instruction.
 #include "kernels.h"
@@ -15,6 +15,16 @@
 #if defined(DFLASH_KERNELS_X86)
 #include <cpuid.h>
 #endif
+#if defined(DFLASH_KERNELS_ARM64)
+#if defined(__APPLE__)
+#include <sys/sysctl.h>
+#elif defined(__linux__)
+#include <asm/hwcap.h>
+#include <sys/auxv.h>
+#elif defined(_WIN32)
+#include <windows.h>
+#endif
+#endif
 
 namespace dflash::kern {
 
@@ -23,6 +33,7 @@ const char * isa_name(Isa isa) {
         case Isa::scalar: return "scalar";
         case Isa::avx2:   return "avx2";
         case Isa::avx512: return "avx512";
+        case Isa::neon:   return "neon";
     }
     return "?";
 }
@@ -32,6 +43,7 @@ bool parse_isa(const char * s, Isa * out) {
     if (!strcmp(s, "scalar")) { *out = Isa::scalar; return true; }
     if (!strcmp(s, "avx2"))   { *out = Isa::avx2;   return true; }
     if (!strcmp(s, "avx512")) { *out = Isa::avx512; return true; }
+    if (!strcmp(s, "neon"))   { *out = Isa::neon;   return true; }
     return false;
 }
 
@@ -80,7 +92,49 @@ bool cpu_has_avx2() {
 #endif
 }
 
-Isa detect() { return cpu_has_avx2() ? Isa::avx2 : Isa::scalar; }
+// AVX-512 F, DQ, BW, VL and VNNI (Ice Lake / Zen 4 and later), with the OS saving the opmask and
+// ZMM state. A build checked under SIMDe's emulation (tests/kernels/isa_check.cpp) claims it.
+bool cpu_has_avx512_vnni() {
+#if defined(DFLASH_KERNELS_EMULATED_AVX512)
+    return true;
+#elif defined(DFLASH_KERNELS_X86)
+    if (!cpu_has_avx2()) return false;
+    unsigned a, b, c, d;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+    const unsigned need_b = (1u << 16) | (1u << 17) | (1u << 30) | (1u << 31);  // F DQ BW VL
+    if ((b & need_b) != need_b || !(c & (1u << 11))) return false;            // VNNI
+    unsigned xlo, xhi;
+    __asm__ volatile("xgetbv" : "=a"(xlo), "=d"(xhi) : "c"(0));
+    return (xlo & 0xE6) == 0xE6;  // XMM, YMM, opmask, ZMM_Hi256, Hi16_ZMM
+#else
+    return false;
+#endif
+}
+
+// arm64 Advanced SIMD is architectural; the dot-product extension (SDOT, ARMv8.2+; every Apple
+// M-series core) is asked of the OS.
+bool cpu_has_neon_dotprod() {
+#if !defined(DFLASH_KERNELS_ARM64)
+    return false;
+#elif defined(__APPLE__)
+    int    v = 0;
+    size_t n = sizeof(v);
+    return sysctlbyname("hw.optional.arm.FEAT_DotProd", &v, &n, nullptr, 0) == 0 && v != 0;
+#elif defined(__linux__)
+    return (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) != 0;
+#elif defined(_WIN32)
+    return IsProcessorFeaturePresent(PF_ARM_V82_DP_INSTRUCTIONS_AVAILABLE) != 0;
+#else
+    return false;
+#endif
+}
+
+Isa detect() {
+    if (cpu_has_avx512_vnni()) return Isa::avx512;
+    if (cpu_has_avx2()) return Isa::avx2;
+    if (cpu_has_neon_dotprod()) return Isa::neon;
+    return Isa::scalar;
+}
 
 Isa best() {
     static const Isa b = detect();
@@ -111,6 +165,26 @@ const TypeKernels k_avx2[] = {
     DFLASH_ROW(avx2, GGML_TYPE_Q5_0, 32, Act::a32, q5_0),
     DFLASH_ROW(avx2, GGML_TYPE_Q8_0, 32, Act::a32, q8_0),
 };
+const TypeKernels k_avx512[] = {
+    DFLASH_ROW(avx512, GGML_TYPE_Q4_K, 256, Act::a256, q4_K),
+    DFLASH_ROW(avx512, GGML_TYPE_Q5_K, 256, Act::a256, q5_K),
+    DFLASH_ROW(avx512, GGML_TYPE_Q6_K, 256, Act::a256, q6_K),
+    DFLASH_ROW(avx512, GGML_TYPE_Q4_0, 32, Act::a32, q4_0),
+    DFLASH_ROW(avx512, GGML_TYPE_Q4_1, 32, Act::a32, q4_1),
+    DFLASH_ROW(avx512, GGML_TYPE_Q5_0, 32, Act::a32, q5_0),
+    DFLASH_ROW(avx512, GGML_TYPE_Q8_0, 32, Act::a32, q8_0),
+};
+#endif
+#if defined(DFLASH_KERNELS_ARM64)
+const TypeKernels k_neon[] = {
+    DFLASH_ROW(neon, GGML_TYPE_Q4_K, 256, Act::a256, q4_K),
+    DFLASH_ROW(neon, GGML_TYPE_Q5_K, 256, Act::a256, q5_K),
+    DFLASH_ROW(neon, GGML_TYPE_Q6_K, 256, Act::a256, q6_K),
+    DFLASH_ROW(neon, GGML_TYPE_Q4_0, 32, Act::a32, q4_0),
+    DFLASH_ROW(neon, GGML_TYPE_Q4_1, 32, Act::a32, q4_1),
+    DFLASH_ROW(neon, GGML_TYPE_Q5_0, 32, Act::a32, q5_0),
+    DFLASH_ROW(neon, GGML_TYPE_Q8_0, 32, Act::a32, q8_0),
+};
 #endif
 #undef DFLASH_ROW
 
@@ -129,8 +203,10 @@ Isa best_isa() { return best(); }
 bool isa_available(Isa isa) {
     switch (isa) {
         case Isa::scalar: return true;
-        case Isa::avx2:   return best() >= Isa::avx2;
-        case Isa::avx512: return false;  // no AVX-512 path is built (see docs/verify-kernels.md)
+        // an AVX-512 machine runs the AVX2 path too; arm64 has only scalar and neon
+        case Isa::avx2:   return best() == Isa::avx2 || best() == Isa::avx512;
+        case Isa::avx512: return best() == Isa::avx512;
+        case Isa::neon:   return best() == Isa::neon;
     }
     return false;
 }
@@ -143,7 +219,7 @@ Isa active_isa() {
     if (env && *env && strcmp(env, "auto") != 0) {
         Isa want;
         if (!parse_isa(env, &want)) {
-            fprintf(stderr, "pydflash: PYDFLASH_KERNELS_ISA=%s is not one of scalar, avx2, avx512, auto; using %s\n",
+            fprintf(stderr, "pydflash: PYDFLASH_KERNELS_ISA=%s is not one of scalar, avx2, avx512, neon, auto; using %s\n",
                     env, isa_name(isa));
         } else if (!isa_available(want)) {
             fprintf(stderr, "pydflash: PYDFLASH_KERNELS_ISA=%s is not available on this CPU/build; using %s\n",
@@ -168,7 +244,11 @@ const TypeKernels * kernels_for(int type, Isa isa) {
     switch (isa) {
         case Isa::scalar: return find(k_scalar, type);
 #if defined(DFLASH_KERNELS_X86)
-        case Isa::avx2: return find(k_avx2, type);
+        case Isa::avx2:   return find(k_avx2, type);
+        case Isa::avx512: return find(k_avx512, type);
+#endif
+#if defined(DFLASH_KERNELS_ARM64)
+        case Isa::neon: return find(k_neon, type);
 #endif
         default: return nullptr;
     }

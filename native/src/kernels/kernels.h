@@ -13,7 +13,8 @@
 //                      the ONLY place that chooses an ISA
 //   kquant_*.cpp       Q4_K, Q5_K, Q6_K (256-element super-blocks), activations in layout A256
 //   legacy_*.cpp       Q4_0, Q4_1, Q5_0, Q8_0 (32-element blocks), activations in layout A32
-//                      (*_scalar.cpp is the portable reference, *_avx2.cpp the AVX2 path, built
+//                      (*_scalar.cpp is the portable reference; *_avx2.cpp, *_avx512.cpp
+//                      (AVX-512 VNNI) and *_neon.cpp (arm64 dotprod) the SIMD paths, built
 //                      with per-function target attributes so the baseline build needs no flags)
 //   cpu_buffer.cpp     the CPU "extra buffer type" that puts these kernels inside ggml-cpu's
 //                      graph compute (no scheduler splits), and its registration
@@ -25,7 +26,8 @@
 
 namespace dflash::kern {
 
-enum class Isa : int { scalar = 0, avx2 = 1, avx512 = 2 };
+// avx512 = AVX-512 F/BW/VL/DQ + VNNI; neon = arm64 Advanced SIMD + the dot-product extension
+enum class Isa : int { scalar = 0, avx2 = 1, avx512 = 2, neon = 3 };
 const char * isa_name(Isa isa);
 
 // Activation layouts (one quantized row; rows are stored at a fixed stride):
@@ -102,6 +104,32 @@ void matmul_q4_1(const MatMulArgs & a);
 void matmul_q5_0(const MatMulArgs & a);
 void matmul_q8_0(const MatMulArgs & a);
 }  // namespace avx2
+namespace avx512 {
+void quantize_a256(const float * x, uint8_t * row, int64_t K);
+void quantize_a32(const float * x, uint8_t * row, int64_t K);
+void matmul_q4_K(const MatMulArgs & a);
+void matmul_q5_K(const MatMulArgs & a);
+void matmul_q6_K(const MatMulArgs & a);
+void matmul_q4_0(const MatMulArgs & a);
+void matmul_q4_1(const MatMulArgs & a);
+void matmul_q5_0(const MatMulArgs & a);
+void matmul_q8_0(const MatMulArgs & a);
+}  // namespace avx512
+#endif
+
+#if defined(__aarch64__) || defined(_M_ARM64)
+#define DFLASH_KERNELS_ARM64 1
+namespace neon {
+void quantize_a256(const float * x, uint8_t * row, int64_t K);
+void quantize_a32(const float * x, uint8_t * row, int64_t K);
+void matmul_q4_K(const MatMulArgs & a);
+void matmul_q5_K(const MatMulArgs & a);
+void matmul_q6_K(const MatMulArgs & a);
+void matmul_q4_0(const MatMulArgs & a);
+void matmul_q4_1(const MatMulArgs & a);
+void matmul_q5_0(const MatMulArgs & a);
+void matmul_q8_0(const MatMulArgs & a);
+}  // namespace neon
 #endif
 
 // ---- activation layout helpers shared by all files ----
