@@ -4,14 +4,17 @@ Opt-in (``PYDFLASH_KERNELS=1``): targets (and CPU drafters) loaded while the ker
 Q4_1/Q4_0 mat-mul weights in the kernels' ggml-cpu buffer type; batches of up to
 PYDFLASH_KERNELS_MAX_ROWS rows (default 64) then run through them, everything else through
 ggml's kernels. Unset or ``PYDFLASH_KERNELS=0``: ggml's own kernels for models loaded afterwards,
-``PYDFLASH_KERNELS_ISA=scalar|avx2`` forces a code path (default: the best the CPU has).
+``PYDFLASH_KERNELS_ISA=scalar|avx2|avx512|neon`` forces a code path (default: the best the CPU
+has: avx512 = AVX-512 VNNI, neon = arm64 dot-product).
 """
 
 from __future__ import annotations
 
 from ._bindings import check, ffi, lib
 
-__all__ = ["active", "isa", "best_isa", "set_isa", "selftest"]
+__all__ = ["active", "isa", "best_isa", "available_isas", "set_isa", "selftest"]
+
+ISAS = ("scalar", "avx2", "avx512", "neon")
 
 
 def active() -> bool:
@@ -20,7 +23,7 @@ def active() -> bool:
 
 
 def isa() -> str:
-    """The code path the kernels run now: "scalar" or "avx2"."""
+    """The code path the kernels run now: "scalar", "avx2", "avx512" or "neon"."""
     return ffi.string(lib.dflash_kernels_isa()).decode()
 
 
@@ -29,8 +32,13 @@ def best_isa() -> str:
     return ffi.string(lib.dflash_kernels_best_isa()).decode()
 
 
+def available_isas() -> list[str]:
+    """The code paths this CPU and build can run (always including "scalar")."""
+    return [name for name in ISAS if lib.dflash_kernels_isa_available(name.encode())]
+
+
 def set_isa(name: str) -> None:
-    """Force a code path ("scalar", "avx2", or "auto" = best) for the mat-muls from now on.
+    """Force a code path (one of available_isas(), or "auto" = best) for the mat-muls from now on.
     UnsupportedError if this CPU/build lacks it."""
     check(lib.dflash_kernels_set_isa(name.encode()))
 

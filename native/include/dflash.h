@@ -105,18 +105,21 @@ dflash_status dflash_add_rpc_server(const char * endpoint);
  * target (or CPU drafter) loaded while they are on places its Q4_K/Q5_K/Q6_K/Q8_0/Q5_0/Q4_1/Q4_0
  * mat-mul weights there; other weights and shapes run through ggml's own kernels.
  * Environment: PYDFLASH_KERNELS=0 (off for models loaded from then on), PYDFLASH_KERNELS_ISA=
- * scalar|avx2|auto, PYDFLASH_KERNELS_MAX_ROWS=N (larger batches go to ggml; default 64).
+ * scalar|avx2|avx512|neon|auto, PYDFLASH_KERNELS_MAX_ROWS=N (larger batches go to ggml; default 64).
  * ------------------------------------------------------------------------------------------- */
 
 /* Whether a model loaded now would use them (registered with ggml-cpu and not switched off). */
 bool dflash_kernels_active(void);
 
-/* The ISA the kernels run now, and the best this CPU and build allow ("scalar", "avx2"; static
- * strings). */
+/* The ISA the kernels run now, and the best this CPU and build allow ("scalar", "avx2",
+ * "avx512" = AVX-512 VNNI, "neon" = arm64 dot-product; static strings). */
 const char * dflash_kernels_isa(void);
 const char * dflash_kernels_best_isa(void);
 
-/* Force an ISA for the mat-muls from now on ("scalar", "avx2" or "auto" = best), for tests and
+/* Whether this CPU and build can run `isa` (false for unknown names). */
+bool dflash_kernels_isa_available(const char * isa);
+
+/* Force an ISA for the mat-muls from now on (one of the above or "auto" = best), for tests and
  * comparisons. DFLASH_ERR_UNSUPPORTED if this CPU/build lacks it (nothing changes then). */
 dflash_status dflash_kernels_set_isa(const char * isa);
 

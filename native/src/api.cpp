@@ -92,7 +92,7 @@ extern "C" {
 
 const char * dflash_last_error(void) { return dflash::last_error_cstr(); }
 
-int32_t dflash_abi_version(void) { return 5; }
+int32_t dflash_abi_version(void) { return 6; }
 
 int32_t dflash_device_count(void) { return dflash::device_count(); }
 
@@ -124,6 +124,11 @@ bool dflash_kernels_active(void) {
 
 const char * dflash_kernels_isa(void) { return dflash::kern::isa_name(dflash::kern::active_isa()); }
 const char * dflash_kernels_best_isa(void) { return dflash::kern::isa_name(dflash::kern::best_isa()); }
+
+bool dflash_kernels_isa_available(const char * isa) {
+    dflash::kern::Isa want;
+    return isa && dflash::kern::parse_isa(isa, &want) && dflash::kern::isa_available(want);
+}
 
 dflash_status dflash_kernels_set_isa(const char * isa) {
     return guarded([&] {
