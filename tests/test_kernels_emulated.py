@@ -1,0 +1,83 @@
+"""Kernel ISA paths this machine cannot run natively, checked under emulation (issue #15).
+
+tests/kernels/isa_check.cpp compares one ISA path of the multi-row kernels with our scalar path
+(activation bytes identical, mat-mul NMSE <= 1e-9, rows outside [r0, r1) untouched, 1..16 rows,
+odd K and N); the scalar path itself is held to ggml and a float64 reference by test_kernels.py.
+It needs no ggml library, only ggml.h (type enums) from the llama.cpp tree that the build fetched
+into .cache/.
+
+arm64 NEON (dotprod): cross-built with aarch64-linux-gnu-g++ (static) and run under qemu-user,
+`-cpu max` (has SDOT) and `-cpu cortex-a53` (Armv8.0, no dotprod: dispatch must refuse neon).
+Skipped where the cross compiler or qemu-aarch64 is not installed (Debian: g++-aarch64-linux-gnu,
+qemu-user).
+"""
+
+from __future__ import annotations
+
+import glob
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+KERNELS = REPO / "native" / "src" / "kernels"
+
+
+def _llama_cpp_tree() -> Path | None:
+    found = sorted(glob.glob(str(REPO / ".cache" / "llama-cpp-python-*" / "vendor" / "llama.cpp")))
+    return Path(found[-1]) if found else None
+
+
+def _build_isa_check(compiler: str, sources: list[str], out: Path, extra: list[str] = ()) -> Path:
+    """Builds tests/kernels/isa_check.cpp with dispatch + the scalar files + `sources` (kernel files)."""
+    if shutil.which(compiler) is None:
+        pytest.skip(f"{compiler} not installed")
+    tree = _llama_cpp_tree()
+    if tree is None:
+        pytest.skip("no llama.cpp tree under .cache/llama-cpp-python-*/vendor (build the package first)")
+    files = ["dispatch.cpp", "kquant_scalar.cpp", "legacy_scalar.cpp", *sources]
+    cmd = [
+        compiler, "-std=c++17", "-O2", "-Wall", *extra,
+        f"-I{REPO / 'native' / 'src'}", f"-I{tree / 'ggml' / 'include'}",
+        str(REPO / "tests" / "kernels" / "isa_check.cpp"), *[str(KERNELS / f) for f in files],
+        "-o", str(out),
+    ]  # fmt: skip
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, f"build failed: {' '.join(cmd)}\n{r.stderr}"
+    return out
+
+
+@pytest.fixture(scope="module")
+def neon_isa_check(tmp_path_factory) -> Path:
+    if shutil.which("qemu-aarch64") is None:
+        pytest.skip("qemu-aarch64 not installed (Debian: qemu-user)")
+    if shutil.which("aarch64-linux-gnu-g++") is None:
+        pytest.skip("aarch64-linux-gnu-g++ not installed (Debian: g++-aarch64-linux-gnu)")
+    out = tmp_path_factory.mktemp("neon") / "isa_check_arm64"
+    return _build_isa_check("aarch64-linux-gnu-g++", ["kquant_neon.cpp", "legacy_neon.cpp"], out, ["-static"])
+
+
+def _qemu(binary: Path, cpu: str, isa: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["qemu-aarch64", "-cpu", cpu, str(binary), isa], capture_output=True, text=True, timeout=300)
+
+
+def test_neon_path_matches_scalar_under_qemu(neon_isa_check):
+    r = _qemu(neon_isa_check, "max", "neon")
+    print(r.stdout)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert " 0 failed" in r.stdout
+    for t in ("q4_K", "q5_K", "q6_K", "q4_0", "q4_1", "q5_0", "q8_0"):  # every type ran on the neon path
+        assert re.search(rf"^{t}\s+neon vs scalar: worst nmse \S+, ok$", r.stdout, re.M), t
+
+
+def test_neon_refused_without_dotprod_under_qemu(neon_isa_check):
+    # Armv8.0 core without SDOT: dispatch must not offer neon (no illegal instruction), scalar runs
+    r = _qemu(neon_isa_check, "cortex-a53", "neon")
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "not available" in r.stderr
+    r = _qemu(neon_isa_check, "cortex-a53", "scalar")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert " 0 failed" in r.stdout
