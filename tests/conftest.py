@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -28,3 +29,20 @@ def smollm2(smollm2_path):
 
     with Target(smollm2_path, n_ctx=2048, n_threads=2) as target:
         yield target
+
+
+@contextlib.contextmanager
+def kernels_env(on: bool):
+    """Models loaded inside use pydflash's multi-row CPU kernels (on) or ggml's own (off)."""
+    from pydflash import kernels
+
+    old = os.environ.get("PYDFLASH_KERNELS")
+    os.environ["PYDFLASH_KERNELS"] = "1" if on else "0"
+    try:
+        assert kernels.active() == on
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("PYDFLASH_KERNELS", None)
+        else:
+            os.environ["PYDFLASH_KERNELS"] = old

@@ -1,11 +1,27 @@
 """The draft -> verify -> accept loop is lossless, checked with scripted draft sources whose
 acceptance is known in advance: a replay of plain decoding's own continuation (always right)
-and the same shifted by one token id (always wrong)."""
+and the same shifted by one token id (always wrong).
+
+Every test runs twice: on ggml's own CPU kernels and on pydflash's multi-row kernels (issue #15),
+so the loop is lossless whichever of them computes the verify rows."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import kernels_env
+
+KERNELS = ["stock", "kernels"]
+
+
+@pytest.fixture(scope="module", params=KERNELS)
+def smollm2(request, smollm2_path):
+    from pydflash import Target
+
+    with kernels_env(request.param == "kernels"):
+        target = Target(smollm2_path, n_ctx=2048, n_threads=2)
+    with target:
+        yield target
 
 PROMPTS = ["def add(a, b):", "The three laws of robotics are", "1, 2, 3, 4,"]
 N = 40
@@ -154,11 +170,14 @@ def test_eos_inside_an_accepted_block(smollm2):
     assert spec.text == plain.text and spec.stats.stop_reason == "eos"
 
 
+@pytest.mark.parametrize("kern", KERNELS)
 @pytest.mark.parametrize("n_max", [1, 4, 7])
-def test_lossless_on_qwen_coder_0_5b(qwen05_path, n_max):
+def test_lossless_on_qwen_coder_0_5b(qwen05_path, n_max, kern):
     from pydflash import Target
 
-    with Target(qwen05_path, n_ctx=512, n_threads=2) as qwen:
+    with kernels_env(kern == "kernels"):
+        qwen = Target(qwen05_path, n_ctx=512, n_threads=2)
+    with qwen:
         for prompt in ("def fibonacci(n):", "# sort a list of dicts by key\n"):
             tokens = qwen.tokenize(prompt)
             plain = qwen.generate(tokens, max_tokens=24, temperature=0, ignore_eos=True)

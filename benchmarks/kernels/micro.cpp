@@ -5,6 +5,9 @@
 #include "kernels/kernels.h"
 
 #include "ggml.h"
+#if defined(DFLASH_MICRO_GGML)
+#include "ggml-cpu.h"
+#endif
 
 #include <algorithm>
 #include <chrono>
@@ -101,6 +104,27 @@ int main(int argc, char ** argv) {
                 printf(" %5.1f/%4.1f", per256, per256 / n);
             }
             printf("\n");
+#if defined(DFLASH_MICRO_GGML)
+            // ggml-cpu's own one-row path on the same weights: vec_dot per weight row (what a
+            // stock decode step runs for types without REPACK)
+            {
+                const auto *         tr  = ggml_get_type_traits_cpu(ggml_type(ti.type));
+                const size_t         qrb = ggml_row_size(tr->vec_dot_type, K);
+                std::vector<uint8_t> xq(qrb);
+                for (auto & v : x) v = std::normal_distribution<float>()(rng);
+                tr->from_float(x.data(), xq.data(), K);
+                const int reps = mem == 0 ? 2000 : 3;
+                double    best = 1e30;
+                for (int t = 0; t < 5; ++t) {
+                    const double t0 = now_ns();
+                    for (int r = 0; r < reps; ++r) {
+                        for (int64_t i = 0; i < N; ++i) tr->vec_dot(int(K), &c[size_t(i)], 0, w.data() + i * row_bytes, 0, xq.data(), 0, 1);
+                    }
+                    best = std::min(best, (now_ns() - t0) / reps);
+                }
+                printf("%-5s %-5s %5.1f  (ggml vec_dot, 1 row)\n", ti.name, mem == 0 ? "cache" : "dram", best / (double(N) * K / 256.0));
+            }
+#endif
             fflush(stdout);
         }
     }
