@@ -13,7 +13,7 @@
 //
 // Switches (read at each model load / each mat-mul):
 //   PYDFLASH_KERNELS=0|off      new models' weights are not placed in our buffer (stock ggml)
-//   PYDFLASH_KERNELS_ISA=...    scalar | avx2 | auto (dispatch.cpp)
+//   PYDFLASH_KERNELS_ISA=...    scalar | avx2 | avx512 | neon | auto (dispatch.cpp)
 //   PYDFLASH_KERNELS_MAX_ROWS=N activation-row batches above N go to ggml's kernels (default 64)
 #include "kernels_backend.h"
 
