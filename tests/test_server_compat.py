@@ -233,7 +233,7 @@ def test_response_fields_verbose_and_server_defaults(servers):
         assert out["generation_settings"]["seed"] == 42 and out["generation_settings"]["n_predict"] == 16
         assert out["tokens_predicted"] == 16
     assert set(up["generation_settings"]) - set(ours["generation_settings"]) <= {
-        "logit_bias", "grammar", "grammar_lazy", "grammar_triggers", "preserved_tokens", "chat_format",
+        "grammar", "grammar_lazy", "grammar_triggers", "preserved_tokens", "chat_format",
         "reasoning_format", "reasoning_in_content", "generation_prompt", "samplers", "timings_per_token",
         "post_sampling_probs", "backend_sampling", "lora", "dry_sequence_breakers", "stream"}
     ours, up = _both(servers, lambda b: _call(b, "/props")[2])
@@ -246,6 +246,52 @@ def test_response_fields_verbose_and_server_defaults(servers):
         assert ours["system_fingerprint"].startswith("b") and up["system_fingerprint"].startswith("b")
         ours, up = _both(servers, lambda b: _post(b, path, {**body, "verbose": False}))
         assert "__verbose" not in ours and "__verbose" not in up
+
+
+def test_logit_bias_and_ignore_eos_in_generation_settings(servers):
+    """generation_settings.logit_bias: the request's pairs, plus every end-of-generation token at
+    -inf (JSON null) under ignore_eos, as llama-server lists them."""
+    def bias(b: str, body: dict) -> list:
+        out = _post(b, "/completion", {"prompt": PROMPT, "n_predict": 2, "temperature": 0, **body})
+        return sorted(out["generation_settings"]["logit_bias"], key=lambda e: e["token"])
+
+    ours, up = _both(servers, lambda b: bias(b, {"ignore_eos": True}))
+    assert ours == up and ours and all(e["bias"] is None for e in ours)
+    ours, up = _both(servers, lambda b: bias(b, {"ignore_eos": False}))
+    assert ours == up == []
+    ours, up = _both(servers, lambda b: bias(b, {"logit_bias": [[42, -3.5], [7, 1.0]]}))
+    assert ours == up == [{"bias": 1.0, "token": 7}, {"bias": -3.5, "token": 42}]
+
+
+def test_max_tokens_past_the_context_stops_at_the_context(tmp_path, smollm2_path):
+    """n_predict beyond a slot's context is not refused (llama-server without context shift):
+    generation stops when the context is full, finish_reason "length", truncated."""
+    # 256: llama-server's smallest context (it pads -c up to it)
+    args = ["-m", str(smollm2_path), "--host", "127.0.0.1", "-np", "1", "-c", "256", "-t", "2", "--seed", "1"]
+    procs, bases = [], {}
+    try:
+        for name, start in (("ours", _start_ours), ("upstream", _start_upstream)):
+            proc, port = start(args, tmp_path / f"{name}.log")
+            procs.append(proc)
+            bases[name] = f"http://127.0.0.1:{port}"
+            wait_healthy(bases[name], proc, log=tmp_path / f"{name}.log")
+        body = {"prompt": "Once", "n_predict": 300, "temperature": 0, "ignore_eos": True}
+        ours, up = _both(bases, lambda b: _post(b, "/completion", body))
+        for out in (ours, up):
+            assert out["truncated"] is True and out["stop_type"] == "limit"
+            assert out["tokens_evaluated"] + out["tokens_predicted"] <= 256 + 1
+        # upstream stops with n_ctx tokens in all; pydflash also samples from the full context's
+        # last logits (that token is never decoded): one more
+        assert ours["tokens_predicted"] - up["tokens_predicted"] in (0, 1), (ours["tokens_predicted"], up["tokens_predicted"])
+        events = _events(bases["ours"], "/v1/completions", {**body, "stream": True})
+        reasons = [d["choices"][0]["finish_reason"] for _, d in events if d.get("choices")]
+        assert reasons[-1] == "length" and all(r is None for r in reasons[:-1])
+        # a prompt that does not fit is still refused
+        status = _call(bases["ours"], "/completion", {"prompt": "word " * 300, "n_predict": 4})[0]
+        assert status == 400
+    finally:
+        for proc in procs:
+            _stop(proc)
 
 
 def test_streamed_completion_chunks_and_progress(servers):

@@ -132,7 +132,8 @@ class HTTPServer:
                        "max_tokens": c.n_predict}
         else:
             options = {**job.options, "seed": job.seed if job.seed is not None else job.options.get("seed")}
-        return settings(options, *self.steps.spec_of(job), speculative=self.speculative)
+        return settings(options, *self.steps.spec_of(job), speculative=self.speculative,
+                        logit_bias=job.logit_bias if job is not None else None, eog=self.steps.eog_tokens())
 
     # -- middleware ----------------------------------------------------------------------------------
 
@@ -410,7 +411,7 @@ class HTTPServer:
             "stop": True, "model": self.model_id, "tokens_predicted": st.n_generated,
             "tokens_evaluated": st.n_prompt, "generation_settings": self._settings(job),
             "prompt": job.prompt_text, "has_new_line": "\n" in res.text,
-            "truncated": False, "stop_type": STOP_TYPES[st.stop_reason],
+            "truncated": st.stop_reason == "context", "stop_type": STOP_TYPES[st.stop_reason],
             "stopping_word": stops[0] if st.stop_reason == "stop" and len(stops) == 1 else "",
             # what the slot's KV holds now: the prompt and every generated token but the last
             "tokens_cached": st.n_prompt + max(st.n_generated - 1, 0), "timings": self._timings(res),

@@ -68,6 +68,7 @@ class StepLoop:
         self._cancels: list[Job] = []     # guarded by _cond
         self._calls: list[tuple[Any, concurrent.futures.Future]] = []  # guarded by _cond
         self.chat: Any = None             # ChatTemplates (llama.cpp's Jinja engine), made at load
+        self._eog: list[int] = []         # the target's end-of-generation tokens, found at load
         self._stopping = False            # guarded by _cond
         self._live: dict[int, Job] = {}   # sequence id -> job, this thread only
         self._events: list[tuple[Job, str, Any]] = []  # this step's events, this thread only
@@ -115,6 +116,10 @@ class StepLoop:
 
     def join(self, timeout: float | None = None) -> None:
         self._thread.join(timeout)
+
+    def eog_tokens(self) -> list[int]:
+        """The target's end-of-generation tokens (what ignore_eos biases away; found at load)."""
+        return self._eog
 
     @property
     def n_processing(self) -> int:
@@ -166,6 +171,8 @@ class StepLoop:
         try:
             self.n_ctx_slot = engine.target.info.n_ctx
             self.chat = self._chat_templates(engine.target)
+            target = engine.target
+            self._eog = [t for t in range(target.info.n_vocab) if target.is_eog(t)]
             if c.warmup:  # one short generation on every slot
                 bos = max(engine.target.info.token_bos, 0)
                 engine.generate_batch([[bos]] * c.n_slots, max_tokens=2, temperature=0, ignore_eos=True)
@@ -231,7 +238,9 @@ class StepLoop:
         try:
             tokens = self._tokens(job)
             seed = job.options["seed"] if job.options["seed"] is not None else random.getrandbits(32)
-            options = SamplingOptions.build(**{**job.options, **self._constraints(job), "seed": seed})
+            constraints = self._constraints(job)
+            job.logit_bias = list(constraints.get("logit_bias", ()))
+            options = SamplingOptions.build(**{**job.options, **constraints, "seed": seed})
             sid = self.engine.scheduler.add(tokens, options, **self._spec_args(job.spec), slot=self._slot_of(job),
                                             cache_prompt=job.cache_prompt and self.config.cache_prompt,
                                             on_piece=functools.partial(self._on_piece, job))
@@ -402,11 +411,8 @@ class StepLoop:
             raise APIError(400, f"the request ({len(tokens)} prompt tokens) exceeds the available context size "
                                 f"({n_ctx} tokens per slot)", "exceed_context_size_error",
                            n_prompt_tokens=len(tokens), n_ctx=n_ctx)
-        max_tokens = job.options["max_tokens"]
-        if max_tokens > 0 and len(tokens) + max_tokens > n_ctx:
-            raise APIError(400, f"max_tokens {max_tokens} + {len(tokens)} prompt tokens exceed the context size "
-                                f"({n_ctx} tokens per slot)", "exceed_context_size_error",
-                           n_prompt_tokens=len(tokens), n_ctx=n_ctx)
+        # max_tokens past the slot's context is not an error (as llama-server without context
+        # shift): generation stops when the context is full, finish_reason "length", truncated
         return tokens
 
     def _spec_args(self, spec: Speculative) -> dict:

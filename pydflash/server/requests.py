@@ -111,6 +111,7 @@ class Job:
     widths: Counter = field(default_factory=Counter)  # draft width -> steps it decoded in
     render: dict | None = None        # the chat template's render (grammar, stops, parser)
     n_seen: int = 0                   # tokens already handed out in pieces
+    logit_bias: list = field(default_factory=list)  # (token, bias) pairs it samples with
     # -- set on the event loop
     answered: bool = False            # its "done" or "error" event was delivered
 

@@ -75,15 +75,21 @@ def usage(results: list) -> dict:
             "prompt_tokens_details": {"cached_tokens": sum(r.stats.n_cached for r in results)}}
 
 
-def settings(options: dict, n_max: int, n_min: int, p_min: float, speculative: bool) -> dict:
-    """llama.cpp's ``generation_settings`` / a slot's ``params`` (the fields pydflash has)."""
+def settings(options: dict, n_max: int, n_min: int, p_min: float, speculative: bool,
+             logit_bias: list | None = None, eog: list[int] | None = None) -> dict:
+    """llama.cpp's ``generation_settings`` / a slot's ``params`` (the fields pydflash has).
+    ``logit_bias``: the (token, bias) pairs sampled with; under ignore_eos the ``eog`` tokens are
+    listed too, at -inf (JSON null, as llama-server writes it)."""
     o = options
     seed = o.get("seed")
+    bias = [{"bias": None if b == float("-inf") else float(b), "token": int(t)} for t, b in (logit_bias or ())]
+    if o.get("ignore_eos"):
+        bias += [{"bias": None, "token": int(t)} for t in (eog or ())]
     return {
         "n_predict": o.get("max_tokens", -1), "max_tokens": o.get("max_tokens", -1),
         "temperature": o.get("temperature", 0.8), "top_k": o.get("top_k", 40), "top_p": o.get("top_p", 0.95),
         "min_p": o.get("min_p", 0.05), "seed": -1 if seed is None else seed, "stop": list(o.get("stop", ())),
-        "ignore_eos": o.get("ignore_eos", False),
+        "ignore_eos": o.get("ignore_eos", False), "logit_bias": bias,
         # samplers pydflash does not have, at the values that switch them off in llama.cpp
         "dynatemp_range": 0.0, "dynatemp_exponent": 1.0, "top_n_sigma": -1.0, "xtc_probability": 0.0,
         "xtc_threshold": 0.1, "typical_p": 1.0, "repeat_last_n": 64, "repeat_penalty": 1.0,
