@@ -146,46 +146,27 @@ std::atomic<int> g_active{-1};
 #define DFLASH_ROW(ns, type, blk, act, name) \
     {type, blk, act, ns::matmul_##name, act == Act::a256 ? ns::quantize_a256 : ns::quantize_a32}
 
-const TypeKernels k_scalar[] = {
-    DFLASH_ROW(scalar, GGML_TYPE_Q4_K, 256, Act::a256, q4_K),
-    DFLASH_ROW(scalar, GGML_TYPE_Q5_K, 256, Act::a256, q5_K),
-    DFLASH_ROW(scalar, GGML_TYPE_Q6_K, 256, Act::a256, q6_K),
-    DFLASH_ROW(scalar, GGML_TYPE_Q4_0, 32, Act::a32, q4_0),
-    DFLASH_ROW(scalar, GGML_TYPE_Q4_1, 32, Act::a32, q4_1),
-    DFLASH_ROW(scalar, GGML_TYPE_Q5_0, 32, Act::a32, q5_0),
-    DFLASH_ROW(scalar, GGML_TYPE_Q8_0, 32, Act::a32, q8_0),
-};
+// the seven covered types of one ISA namespace
+#define DFLASH_TABLE(ns)                                        \
+    {                                                           \
+        DFLASH_ROW(ns, GGML_TYPE_Q4_K, 256, Act::a256, q4_K),   \
+        DFLASH_ROW(ns, GGML_TYPE_Q5_K, 256, Act::a256, q5_K),   \
+        DFLASH_ROW(ns, GGML_TYPE_Q6_K, 256, Act::a256, q6_K),   \
+        DFLASH_ROW(ns, GGML_TYPE_Q4_0, 32, Act::a32, q4_0),     \
+        DFLASH_ROW(ns, GGML_TYPE_Q4_1, 32, Act::a32, q4_1),     \
+        DFLASH_ROW(ns, GGML_TYPE_Q5_0, 32, Act::a32, q5_0),     \
+        DFLASH_ROW(ns, GGML_TYPE_Q8_0, 32, Act::a32, q8_0),     \
+    }
+
+const TypeKernels k_scalar[] = DFLASH_TABLE(scalar);
 #if defined(DFLASH_KERNELS_X86)
-const TypeKernels k_avx2[] = {
-    DFLASH_ROW(avx2, GGML_TYPE_Q4_K, 256, Act::a256, q4_K),
-    DFLASH_ROW(avx2, GGML_TYPE_Q5_K, 256, Act::a256, q5_K),
-    DFLASH_ROW(avx2, GGML_TYPE_Q6_K, 256, Act::a256, q6_K),
-    DFLASH_ROW(avx2, GGML_TYPE_Q4_0, 32, Act::a32, q4_0),
-    DFLASH_ROW(avx2, GGML_TYPE_Q4_1, 32, Act::a32, q4_1),
-    DFLASH_ROW(avx2, GGML_TYPE_Q5_0, 32, Act::a32, q5_0),
-    DFLASH_ROW(avx2, GGML_TYPE_Q8_0, 32, Act::a32, q8_0),
-};
-const TypeKernels k_avx512[] = {
-    DFLASH_ROW(avx512, GGML_TYPE_Q4_K, 256, Act::a256, q4_K),
-    DFLASH_ROW(avx512, GGML_TYPE_Q5_K, 256, Act::a256, q5_K),
-    DFLASH_ROW(avx512, GGML_TYPE_Q6_K, 256, Act::a256, q6_K),
-    DFLASH_ROW(avx512, GGML_TYPE_Q4_0, 32, Act::a32, q4_0),
-    DFLASH_ROW(avx512, GGML_TYPE_Q4_1, 32, Act::a32, q4_1),
-    DFLASH_ROW(avx512, GGML_TYPE_Q5_0, 32, Act::a32, q5_0),
-    DFLASH_ROW(avx512, GGML_TYPE_Q8_0, 32, Act::a32, q8_0),
-};
+const TypeKernels k_avx2[]   = DFLASH_TABLE(avx2);
+const TypeKernels k_avx512[] = DFLASH_TABLE(avx512);
 #endif
 #if defined(DFLASH_KERNELS_ARM64)
-const TypeKernels k_neon[] = {
-    DFLASH_ROW(neon, GGML_TYPE_Q4_K, 256, Act::a256, q4_K),
-    DFLASH_ROW(neon, GGML_TYPE_Q5_K, 256, Act::a256, q5_K),
-    DFLASH_ROW(neon, GGML_TYPE_Q6_K, 256, Act::a256, q6_K),
-    DFLASH_ROW(neon, GGML_TYPE_Q4_0, 32, Act::a32, q4_0),
-    DFLASH_ROW(neon, GGML_TYPE_Q4_1, 32, Act::a32, q4_1),
-    DFLASH_ROW(neon, GGML_TYPE_Q5_0, 32, Act::a32, q5_0),
-    DFLASH_ROW(neon, GGML_TYPE_Q8_0, 32, Act::a32, q8_0),
-};
+const TypeKernels k_neon[] = DFLASH_TABLE(neon);
 #endif
+#undef DFLASH_TABLE
 #undef DFLASH_ROW
 
 template <size_t N>

@@ -79,56 +79,35 @@ bool parse_isa(const char * s, Isa * out);
 bool enabled_from_env();
 
 // ---- per-family entry points (defined in the family files, used only by dispatch.cpp) ----
+// Every ISA namespace declares the same set.
+#define DFLASH_KERNEL_ENTRY_POINTS                                   \
+    void quantize_a256(const float * x, uint8_t * row, int64_t K); \
+    void quantize_a32(const float * x, uint8_t * row, int64_t K);  \
+    void matmul_q4_K(const MatMulArgs & a);                         \
+    void matmul_q5_K(const MatMulArgs & a);                         \
+    void matmul_q6_K(const MatMulArgs & a);                         \
+    void matmul_q4_0(const MatMulArgs & a);                         \
+    void matmul_q4_1(const MatMulArgs & a);                         \
+    void matmul_q5_0(const MatMulArgs & a);                         \
+    void matmul_q8_0(const MatMulArgs & a);
 namespace scalar {
-void quantize_a256(const float * x, uint8_t * row, int64_t K);
-void quantize_a32(const float * x, uint8_t * row, int64_t K);
-void matmul_q4_K(const MatMulArgs & a);
-void matmul_q5_K(const MatMulArgs & a);
-void matmul_q6_K(const MatMulArgs & a);
-void matmul_q4_0(const MatMulArgs & a);
-void matmul_q4_1(const MatMulArgs & a);
-void matmul_q5_0(const MatMulArgs & a);
-void matmul_q8_0(const MatMulArgs & a);
+DFLASH_KERNEL_ENTRY_POINTS
 }  // namespace scalar
 
 #if defined(__x86_64__) || defined(_M_X64)
 #define DFLASH_KERNELS_X86 1
 namespace avx2 {
-void quantize_a256(const float * x, uint8_t * row, int64_t K);
-void quantize_a32(const float * x, uint8_t * row, int64_t K);
-void matmul_q4_K(const MatMulArgs & a);
-void matmul_q5_K(const MatMulArgs & a);
-void matmul_q6_K(const MatMulArgs & a);
-void matmul_q4_0(const MatMulArgs & a);
-void matmul_q4_1(const MatMulArgs & a);
-void matmul_q5_0(const MatMulArgs & a);
-void matmul_q8_0(const MatMulArgs & a);
+DFLASH_KERNEL_ENTRY_POINTS
 }  // namespace avx2
 namespace avx512 {
-void quantize_a256(const float * x, uint8_t * row, int64_t K);
-void quantize_a32(const float * x, uint8_t * row, int64_t K);
-void matmul_q4_K(const MatMulArgs & a);
-void matmul_q5_K(const MatMulArgs & a);
-void matmul_q6_K(const MatMulArgs & a);
-void matmul_q4_0(const MatMulArgs & a);
-void matmul_q4_1(const MatMulArgs & a);
-void matmul_q5_0(const MatMulArgs & a);
-void matmul_q8_0(const MatMulArgs & a);
+DFLASH_KERNEL_ENTRY_POINTS
 }  // namespace avx512
 #endif
 
 #if defined(__aarch64__) || defined(_M_ARM64)
 #define DFLASH_KERNELS_ARM64 1
 namespace neon {
-void quantize_a256(const float * x, uint8_t * row, int64_t K);
-void quantize_a32(const float * x, uint8_t * row, int64_t K);
-void matmul_q4_K(const MatMulArgs & a);
-void matmul_q5_K(const MatMulArgs & a);
-void matmul_q6_K(const MatMulArgs & a);
-void matmul_q4_0(const MatMulArgs & a);
-void matmul_q4_1(const MatMulArgs & a);
-void matmul_q5_0(const MatMulArgs & a);
-void matmul_q8_0(const MatMulArgs & a);
+DFLASH_KERNEL_ENTRY_POINTS
 }  // namespace neon
 #endif
 
