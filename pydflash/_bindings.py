@@ -16,12 +16,30 @@ _BUILD_HINT = ("build it with `pip install .` (or `pip install -e .` for a devel
                "pydflash source tree; converting a checkpoint (pydflash.convert, "
                "convert_hf_to_gguf_dflash.py) needs no native build")
 
+# Libraries a GPU build links that come with the GPU's driver, not with pydflash: rebuilding
+# pydflash the same way would not help, installing the driver (or a CPU build) does.
+_GPU_DRIVER_LIBS = {
+    "libcuda.so": "this pydflash was built with CUDA (-DGGML_CUDA=ON) and needs the NVIDIA driver's libcuda.so.1",
+    "libvulkan.so": "this pydflash was built with Vulkan (-DGGML_VULKAN=ON) and needs the Vulkan loader (libvulkan1)",
+}
+
+
+def _gpu_driver_hint(message: str) -> str | None:
+    for lib_name, why in _GPU_DRIVER_LIBS.items():
+        if lib_name in message:
+            return (f"{why}: install the driver, or build a CPU-only pydflash "
+                    f"(`pip install .` without the GPU CMAKE_ARGS)")
+    return None
+
+
 try:
     from ._native import ffi, lib
 except ImportError as exc:
     _pkg_dir = os.path.dirname(os.path.abspath(__file__))
     if isinstance(exc, ModuleNotFoundError) and exc.name == f"{__package__}._native":
         _msg = f"pydflash's native extension (pydflash._native) is not built in {_pkg_dir}: {_BUILD_HINT}"
+    elif _gpu_driver_hint(str(exc)):  # a GPU build on a machine without that GPU's driver
+        _msg = f"pydflash's native extension (pydflash._native) does not load ({exc}): {_gpu_driver_hint(str(exc))}"
     else:  # present but does not load (missing libdflash/libllama, cffi, wrong platform)
         _msg = f"pydflash's native extension (pydflash._native) does not load ({exc}): {_BUILD_HINT}"
     raise NativeExtensionError(_msg, name=f"{__package__}._native") from exc

@@ -14,6 +14,7 @@ the target offloads layers (``n_gpu_layers != 0``), on the CPU otherwise.
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -72,10 +73,15 @@ def add_rpc_server(endpoint: str, *, timeout: float = 60.0) -> list[Device]:
     before = {d.name for d in devices()}
     # the child exits with the native status and prints the native message (the endpoint check
     # itself lives in the C core); an abort inside ggml's client shows as a signal exit
-    probe = ("import sys; from pydflash._native import ffi, lib; s = lib.dflash_add_rpc_server(sys.argv[1].encode()); "
+    # (the child imports this very package: its folder goes first on the child's path, ahead of
+    # a pydflash/ source tree in the working directory)
+    probe = ("import sys; sys.path.insert(0, sys.argv[2]); from pydflash._native import ffi, lib; "
+             "s = lib.dflash_add_rpc_server(sys.argv[1].encode()); "
              "print(ffi.string(lib.dflash_last_error()).decode(), file=sys.stderr); sys.exit(s)")
+    package_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     try:
-        run = subprocess.run([sys.executable, "-c", probe, endpoint], capture_output=True, text=True, timeout=timeout)
+        run = subprocess.run([sys.executable, "-c", probe, endpoint, package_parent], capture_output=True, text=True,
+                             timeout=timeout)
     except subprocess.TimeoutExpired:
         raise errors.BackendError(f"RPC server {endpoint} did not answer within {timeout:g} s") from None
     lines = [line for line in (run.stderr or "").splitlines() if line.strip()]

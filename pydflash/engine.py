@@ -123,7 +123,9 @@ class Engine:
             raise errors.InvalidArgumentError(f"n_max must be an int >= 0 or 'auto', got {n_max!r}")
         if not isinstance(n_min, int) or isinstance(n_min, bool) or not 0 <= n_min <= n_max:
             raise errors.InvalidArgumentError(f"n_min must be an int in 0..n_max, got {n_min!r}")
-        return min(n_max, max(block - 1, 1)), n_min
+        # a drafter drafts at most block - 1 tokens: a larger n_max (and n_min with it) means "all of them"
+        n_max = min(n_max, max(block - 1, 1))
+        return n_max, min(n_min, n_max)
 
     def _p_min(self, p_min: float | None) -> float:
         if p_min is None:

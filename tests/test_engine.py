@@ -93,6 +93,19 @@ def test_bad_spec_arguments_leave_engine_usable(engine):
     assert engine.generate("Hi", max_tokens=3, temperature=0).stats.n_generated == 3
 
 
+def test_n_max_past_the_block_takes_n_min_along(smollm2_path, drafter_path):
+    """n_max beyond what the drafter can draft (block - 1) means all of it, and an n_min that was
+    valid for the asked n_max follows it down (llama-server's --spec-draft-n-min 8 -n-max 16)."""
+    with Engine(smollm2_path, drafter_path, n_ctx=256, n_threads=2, n_max=64, n_min=40) as e:
+        block = e.drafter.info.block_size
+        assert (e.n_max, e.n_min) == (block - 1, block - 1)
+        assert e._call_spec(99, 50, None) == {"n_max": block - 1, "n_min": block - 1}
+        r = e.generate("def add(a, b):", max_tokens=8, temperature=0, ignore_eos=True, n_max=99, n_min=50)
+        assert r.stats.n_generated == 8
+        with pytest.raises(pydflash.InvalidArgumentError):  # n_min past the asked n_max stays an error
+            e.generate("Hi", n_max=99, n_min=100, max_tokens=2)
+
+
 def test_p_min_cuts_unsure_drafts_and_stays_lossless(smollm2_path, drafter_path):
     """A random drafter is never sure of its picks: p_min = 0.99 cuts every draft to nothing."""
     with Engine(smollm2_path, drafter_path, n_ctx=512, n_threads=2, n_max=7, p_min=0.99) as e:

@@ -3,9 +3,10 @@
 
 Each request is turned into an OpenAI chat body (messages + the sampling fields the chat path
 reads), generated as a chat completion, and the result is written in the vendor's shape, as
-llama-server does. pydflash's chat templates take plain (role, text) messages: text blocks are
-kept, tool results become ``tool`` messages, thinking blocks and tool-use blocks (no tool-call
-rendering yet) are dropped, and an image is refused (the model has no vision input).
+llama-server does. Anthropic content blocks map as llama-server maps them: text blocks are
+kept, thinking blocks become the message's ``reasoning_content``, tool-use blocks its
+``tool_calls``, tool results ``tool`` messages, and tools / tool_choice their OpenAI forms (the
+chat template renders them). An image is refused (the model has no vision input).
 """
 
 from __future__ import annotations
@@ -71,9 +72,15 @@ def anthropic_to_chat(body: dict) -> dict:
         if not isinstance(content, list):
             raise APIError(400, "a message 'content' must be a string or a list of content blocks")
         text = _text_blocks(content, "messages")
-        tool_results = []
+        tool_results, tool_calls, reasoning = [], [], ""
         for b in content:
-            if isinstance(b, dict) and b.get("type") == "tool_result":
+            kind = b.get("type")
+            if kind == "thinking":
+                reasoning += b.get("thinking") if isinstance(b.get("thinking"), str) else ""
+            elif kind == "tool_use":
+                tool_calls.append({"id": str(b.get("id", "")), "type": "function", "function": {
+                    "name": str(b.get("name", "")), "arguments": json.dumps(b.get("input", {}))}})
+            elif kind == "tool_result":
                 inner = b.get("content")
                 if isinstance(inner, list):
                     inner = _text_blocks(inner, "tool_result")
@@ -81,18 +88,31 @@ def anthropic_to_chat(body: dict) -> dict:
                     inner = ""
                 elif not isinstance(inner, str):
                     raise APIError(400, "a tool_result 'content' must be a string or a list of blocks")
-                tool_results.append({"role": "tool", "content": inner})
-        if text or not tool_results:
-            messages.append({"role": m["role"], "content": text})
+                tool_results.append({"role": "tool", "tool_call_id": str(b.get("tool_use_id", "")), "content": inner})
+        if text or tool_calls or reasoning or not tool_results:
+            msg: dict[str, Any] = {"role": m["role"], "content": text}
+            if tool_calls:
+                msg["tool_calls"] = tool_calls
+            if reasoning:
+                msg["reasoning_content"] = reasoning
+            messages.append(msg)
         messages.extend(tool_results)
     out: dict[str, Any] = {"messages": messages}
     for name in ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stream", "n_predict",
-                 "cache_prompt", "speculative", "verbose", "return_progress"):
+                 "cache_prompt", "speculative", "verbose", "return_progress", "chat_template_kwargs"):
         if name in body:
             out[name] = body[name]
     stops = body.get("stop_sequences")
     if stops is not None:
         out["stop"] = stops
+    tools = body.get("tools")
+    if isinstance(tools, list):
+        out["tools"] = [{"type": "function", "function": {
+            "name": str(t.get("name", "")), "description": str(t.get("description", "")),
+            "parameters": t.get("input_schema", {})}} for t in tools if isinstance(t, dict)]
+    choice = body.get("tool_choice")
+    if isinstance(choice, dict) and choice.get("type") in ("auto", "any", "tool"):
+        out["tool_choice"] = "auto" if choice["type"] == "auto" else "required"
     return out
 
 

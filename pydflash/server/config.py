@@ -57,6 +57,8 @@ class ServerConfig:
     slot_save_path: str | None = None
     spm_infill: bool = False
     n_batch_fim: int = 2048     # -b as /infill's prompt budget (llama-server's default batch when not given)
+    ui_mcp_proxy: bool = False  # --ui-mcp-proxy: GET/POST /cors-proxy forwards to other servers
+    sleep_idle_seconds: float = -1  # --sleep-idle-seconds: unload the models after that long idle (-1: never)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -119,6 +121,14 @@ def build_parser() -> argparse.ArgumentParser:
                         "the running batch at the next step)")
     p.add_argument("--no-webui", "--no-ui", dest="no_webui", action="store_true",
                    help="no placeholder page at / (pydflash ships no web UI)")
+    p.add_argument("--sleep-idle-seconds", type=float, default=-1,
+                   help="free the target and the drafter after this many idle seconds, load them again on the "
+                        "next request that needs them (default -1: never)")
+    p.add_argument("--ui-mcp-proxy", "--webui-mcp-proxy", dest="ui_mcp_proxy", action="store_true",
+                   default=os.environ.get("LLAMA_ARG_UI_MCP_PROXY", "").lower() in ("1", "true", "on", "enabled"),
+                   help="experimental, as llama-server's: /cors-proxy?url=... forwards requests to other servers "
+                        "(for MCP in a browser UI); do not enable in untrusted environments (default off)")
+    p.add_argument("--no-ui-mcp-proxy", "--no-webui-mcp-proxy", dest="ui_mcp_proxy", action="store_false")
     p.add_argument("--jinja", dest="jinja", action="store_true", default=True,
                    help="chat templates with llama.cpp's Jinja engine (default)")
     p.add_argument("--no-jinja", dest="jinja", action="store_false",
@@ -165,6 +175,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
     if args.ctx_size and args.ctx_size // args.parallel < 16:
         raise SystemExit(f"pydflash serve: -c {args.ctx_size} leaves fewer than 16 tokens per slot with "
                          f"-np {args.parallel}")
+    if args.sleep_idle_seconds != -1 and args.sleep_idle_seconds <= 0:
+        raise SystemExit("pydflash serve: --sleep-idle-seconds must be > 0 (or -1: never)")
     if args.spec_draft_n_min < 0:
         raise SystemExit("pydflash serve: --spec-draft-n-min must be >= 0")
     if not 0.0 <= args.spec_draft_p_min <= 1.0:
@@ -191,7 +203,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         reasoning=args.reasoning, reasoning_format=args.reasoning_format,
         chat_template_kwargs=_template_kwargs(args.chat_template_kwargs),
         embeddings=args.embeddings, pooling=args.pooling or "mean",
-        slot_save_path=args.slot_save_path, spm_infill=args.spm_infill,
+        slot_save_path=args.slot_save_path, spm_infill=args.spm_infill, ui_mcp_proxy=args.ui_mcp_proxy,
+        sleep_idle_seconds=args.sleep_idle_seconds,
     )
 
 

@@ -22,7 +22,7 @@ from typing import Any
 from .config import ServerConfig
 from .loop import SlotView, StepLoop
 from .metrics import Metrics
-from . import gcp
+from . import cors_proxy, gcp
 from .native_routes import NativeRoutes
 from .compat import (anthropic_message, anthropic_stop, anthropic_to_chat, random_id, responses_body,
                      responses_to_chat)
@@ -37,6 +37,8 @@ from .responses import (FINISH_REASONS, STOP_TYPES, SYSTEM_FINGERPRINT, nested_f
 __all__ = ["HTTPServer"]
 
 PUBLIC_PATHS = frozenset({"/health", "/v1/health", "/"})
+# answered from what was published at load: they do not wake a sleeping server (as llama-server's)
+NO_WAKE_PATHS = PUBLIC_PATHS | {"/props", "/models", "/v1/models", "/metrics", "/cors-proxy"}
 INDEX_HTML = ("<!doctype html>\n<html><head><meta charset=\"utf-8\"><title>pydflash serve</title></head>"
               "<body><p>pydflash serve: an OpenAI / llama-server compatible API (no web UI is shipped).</p>"
               "</body></html>\n")
@@ -48,6 +50,13 @@ def _is_bool(v: Any) -> bool:
 
 def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _timed(msg: dict, timings: dict | None) -> dict:
+    """A streamed message with the timings so far (``timings_per_token``), as llama-server's."""
+    if timings is not None:
+        msg["timings"] = timings
+    return msg
 
 
 def _is_localhost_origin(origin: str) -> bool:
@@ -103,6 +112,7 @@ class HTTPServer:
         r.add_get("/slots", self.slots)
         r.add_get("/props", self.props)
         r.add_get("/metrics", self.prometheus)
+        cors_proxy.register(self, r)  # --ui-mcp-proxy
         gcp.register(self, r)  # AIP_MODE=PREDICTION: Vertex AI's /predict over the routes above
 
     # -- names -----------------------------------------------------------------------------------------
@@ -160,7 +170,10 @@ class HTTPServer:
                         raise APIError(401, "Invalid API Key", "authentication_error")
                 if request.path not in PUBLIC_PATHS and not self.ready:
                     raise APIError(503, self.load_error or "Loading model", "unavailable_error")
-                return await handler(request)
+                if request.path in NO_WAKE_PATHS:
+                    return await handler(request)
+                async with self.steps.awake():
+                    return await handler(request)
             except APIError as err:
                 return self._json_error(err)
             except web.HTTPException as exc:
@@ -238,6 +251,8 @@ class HTTPServer:
             "default_generation_settings": {"n_ctx": self.steps.n_ctx_slot, "params": self._settings(None)},
             "total_slots": self.config.n_slots, "model_path": self.model_path,
             "model_alias": self.model_id, "build_info": f"pydflash {SYSTEM_FINGERPRINT}",
+            "endpoint_slots": self.config.slots, "endpoint_props": True, "endpoint_metrics": self.config.metrics,
+            "is_sleeping": self.steps.sleeping, "cors_proxy_enabled": self.config.ui_mcp_proxy,
         })
 
     async def prometheus(self, request):  # type: ignore[no-untyped-def]
@@ -302,8 +317,10 @@ class HTTPServer:
         common = parse_common(body, max_names, self._defaults)
         jobs, out = make_jobs(prompts, common)
         progress = common.stream and _field(body, ["return_progress"], _is_bool, "a boolean", False)
+        per_token = common.stream and _field(body, ["timings_per_token"], _is_bool, "a boolean", False)
         for job in jobs:
             job.return_progress = progress
+            job.timings_per_token = per_token
             job.piece_tokens = piece_tokens and common.stream
             job.body = body
         return common, jobs, out
@@ -441,9 +458,10 @@ class HTTPServer:
         if common.stream:
             def emit(kind: str, i: int, payload) -> list:  # type: ignore[no-untyped-def]
                 if kind == "piece":
-                    return [{**base, "choices": [choice(i, payload.text, None)]}]
+                    return [_timed({**base, "choices": [choice(i, payload.text, None)]}, payload.timings)]
                 if kind == "progress":
-                    return [{**base, "choices": [choice(i, "", None)], "prompt_progress": payload}]
+                    return [_timed({**base, "choices": [choice(i, "", None)], "prompt_progress": payload.report},
+                                   payload.timings)]
                 return [{**base, "choices": [choice(i, "", FINISH_REASONS[payload.stats.stop_reason])],
                          "timings": self._timings(payload)}]
 
@@ -499,11 +517,12 @@ class HTTPServer:
                     began.add(i)  # as llama-server: a role-only first chunk
                     msgs.append(chunk(i, {"role": "assistant", "content": None}))
                 if kind == "piece" and payload.text:
-                    msgs.append(chunk(i, {"content": payload.text}))
+                    msgs.append(_timed(chunk(i, {"content": payload.text}), payload.timings))
                     if payload.probs:
                         msgs[-1]["choices"][0]["logprobs"] = oai_logprobs(payload.probs, self._piece_bytes)
                 elif kind == "progress":
-                    msgs[-1:] = [{**(msgs[-1] if msgs else chunk(i, {})), "prompt_progress": payload}]
+                    msgs[-1:] = [_timed({**(msgs[-1] if msgs else chunk(i, {})), "prompt_progress": payload.report},
+                                        payload.timings)]
                 elif kind == "done":
                     if i not in began:
                         began.add(i)
@@ -568,8 +587,9 @@ class HTTPServer:
                     return [final(job, payload, "", [])]
                 msg = {"index": i, "content": "", "tokens": [], "stop": False, "id_slot": job.slot,
                        "tokens_predicted": counts[i], "tokens_evaluated": job.n_prompt}
+                _timed(msg, payload.timings)
                 if kind == "progress":
-                    msg["prompt_progress"] = payload
+                    msg["prompt_progress"] = payload.report
                 else:
                     counts[i] += max(len(payload.tokens), 1)
                     msg.update(content=payload.text, tokens=list(payload.tokens), tokens_predicted=counts[i])
@@ -705,7 +725,7 @@ class HTTPServer:
                 elif kind == "progress":
                     msgs.append(("response.in_progress", {"type": "response.in_progress", "response": stub}))
                 if kind == "progress":
-                    msgs[-1] = (msgs[-1][0], {**msgs[-1][1], "prompt_progress": payload})
+                    msgs[-1] = (msgs[-1][0], _timed({**msgs[-1][1], "prompt_progress": payload.report}, payload.timings))
                 elif kind == "piece" and payload.text:
                     if not state["text"]:
                         state["text"] = True
@@ -716,8 +736,9 @@ class HTTPServer:
                                                                   "item_id": msg_id,
                                                                   "part": {"type": "output_text", "text": ""}})]
                     state["content"].append(payload.text)
-                    msgs.append(("response.output_text.delta", {"type": "response.output_text.delta",
-                                                                "item_id": msg_id, "delta": payload.text}))
+                    msgs.append(("response.output_text.delta", _timed({"type": "response.output_text.delta",
+                                                                       "item_id": msg_id, "delta": payload.text},
+                                                                      payload.timings)))
                 elif kind == "done":
                     body = responses_body(rid, msg_id, self.model_id, created, payload, now())
                     if payload.text:

@@ -13,6 +13,11 @@ It loads the engine, then repeats until the server stops:
 5. take the finished sequences, then hand every event of the step (streamed pieces, results,
    errors) to the event loop in one ``call_soon_threadsafe``.
 
+With ``--sleep-idle-seconds``, the thread frees the target and the drafter once nothing has run
+for that long (llama-server's sleeping state: the memory goes back to the machine) and loads them
+again before the next job or engine call. Requests the HTTP side answers from the engine hold it
+awake (``awake``); health, props, models and metrics read only what was published at load.
+
 So a request joins the running batch at the next step (continuous batching), and requests with
 different sampling options share steps (each sequence samples with its own options and seed).
 Everything that touches the engine runs on this thread under the target's lock: the scheduler
@@ -24,7 +29,9 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import functools
+import sys
 import random
 import threading
 import time
@@ -39,7 +46,8 @@ from .config import ServerConfig, n_ctx_train
 from ..chat import json_schema_to_grammar
 from .features import constraint_options
 from .metrics import Metrics
-from .requests import APIError, Job, Piece, Speculative, from_engine_error
+from .requests import APIError, Job, Piece, Progress, Speculative, from_engine_error
+from .responses import timings_of
 from .text import detokenize, tokenize_mixed
 
 __all__ = ["StepLoop", "SlotView"]
@@ -70,6 +78,9 @@ class StepLoop:
         self.chat: Any = None             # ChatTemplates (llama.cpp's Jinja engine), made at load
         self._eog: list[int] = []         # the target's end-of-generation tokens, found at load
         self._stopping = False            # guarded by _cond
+        self.sleeping = False             # the models are freed (--sleep-idle-seconds); this thread writes it
+        self._users = 0                   # HTTP requests holding the engine awake, guarded by _cond
+        self._idle_since = time.monotonic()  # guarded by _cond
         self._live: dict[int, Job] = {}   # sequence id -> job, this thread only
         self._events: list[tuple[Job, str, Any]] = []  # this step's events, this thread only
         self._thread = threading.Thread(target=self._run, name="pydflash-step-loop", daemon=True)
@@ -107,6 +118,21 @@ class StepLoop:
             self._calls.append((fn, fut))
             self._cond.notify()
         return fut
+
+    @contextlib.asynccontextmanager
+    async def awake(self):  # type: ignore[no-untyped-def]
+        """Keep the engine loaded while the block runs, loading it first if it sleeps."""
+        with self._cond:
+            self._users += 1
+        try:
+            if self.sleeping:
+                await asyncio.wrap_future(self.call(lambda engine: None))  # the thread wakes before calls
+            yield
+        finally:
+            with self._cond:
+                self._users -= 1
+                self._idle_since = time.monotonic()
+                self._cond.notify()
 
     def stop(self) -> None:
         """Answer every unfinished job 503, free the engine, end the thread (see ``join``)."""
@@ -159,7 +185,7 @@ class StepLoop:
         finally:
             self._shutdown()
 
-    def _load(self) -> None:
+    def _load(self, warmup: bool | None = None) -> None:
         from ..engine import Engine
 
         c = self.config
@@ -173,7 +199,7 @@ class StepLoop:
             self.chat = self._chat_templates(engine.target)
             target = engine.target
             self._eog = [t for t in range(target.info.n_vocab) if target.is_eog(t)]
-            if c.warmup:  # one short generation on every slot
+            if c.warmup if warmup is None else warmup:  # one short generation on every slot
                 bos = max(engine.target.info.token_bos, 0)
                 engine.generate_batch([[bos]] * c.n_slots, max_tokens=2, temperature=0, ignore_eos=True)
                 with engine.target._lock:
@@ -198,16 +224,37 @@ class StepLoop:
         return ChatTemplates(target, template=template, use_jinja=c.jinja, reasoning=c.reasoning,
                              reasoning_format=c.reasoning_format, chat_template_kwargs=c.chat_template_kwargs)
 
+    def _has_work(self) -> bool:  # under _cond
+        return bool(self._inbox or self._cancels or self._stopping or self._live or self._calls)
+
+    def _until_sleep(self) -> float | None:  # under _cond
+        """Seconds until the engine may sleep; None while it cannot (disabled, asleep, in use)."""
+        idle = self.config.sleep_idle_seconds
+        if idle < 0 or self.sleeping or self._users or self._live:
+            return None
+        return self._idle_since + idle - time.monotonic()
+
     def _iterate(self) -> bool:
         """One round: inbox, one step, events. False once the server stops."""
         with self._cond:
-            while not (self._inbox or self._cancels or self._stopping or self._live or self._calls):
-                self._cond.wait()
+            while not self._has_work():
+                wait = self._until_sleep()
+                if wait is not None and wait <= 0:
+                    break
+                self._cond.wait(wait)
             if self._stopping:
                 return False
+            idle = not self._has_work()
+            if idle:  # for --sleep-idle-seconds: decided under the lock, so that a request taking the
+                self.sleeping = True  # engine from now on waits for the wake-up
             new, self._inbox = self._inbox, []
             cancels, self._cancels = self._cancels, []
             calls, self._calls = self._calls, []
+        if idle:
+            self._sleep()
+            return True
+        if self.sleeping and not self._wake(new, calls):
+            return True
         stalled = False
         with self.engine.target._lock:
             for fn, fut in calls:
@@ -227,9 +274,38 @@ class StepLoop:
                 self._fail_live(from_engine_error(exc))
             self._snapshot()
         self._flush()
-        if stalled:  # nothing could run this step: do not spin
-            with self._cond:
+        with self._cond:
+            self._idle_since = time.monotonic()
+            if stalled:  # nothing could run this step: do not spin
                 self._cond.wait(timeout=0.005)
+        return True
+
+    def _sleep(self) -> None:
+        """Free the models (the closed objects keep the facts the HTTP side reads)."""
+        engine = self.engine
+        with engine.target._lock:
+            if self.chat is not None:
+                self.chat.close()
+            engine.close()
+        print(f"pydflash serve: idle for {self.config.sleep_idle_seconds:g} s, sleeping (models freed)",
+              file=sys.stderr, flush=True)
+
+    def _wake(self, new: list[Job], calls: list) -> bool:
+        """Load the models again; on failure answer what was waiting 503 (and stay asleep)."""
+        t0 = time.monotonic()
+        try:
+            self._load(warmup=False)
+        except Exception as exc:  # noqa: BLE001 - the server keeps answering, and retries on the next job
+            err = APIError(503, f"cannot load the model again after sleeping: {type(exc).__name__}: {exc}",
+                           "unavailable_error")
+            for _, fut in calls:
+                fut.set_exception(err)
+            for job in new:
+                self._events.append((job, "error", err))
+            self._flush()
+            return False
+        self.sleeping = False
+        print(f"pydflash serve: awake, models loaded in {time.monotonic() - t0:.1f} s", file=sys.stderr, flush=True)
         return True
 
     def _add(self, job: Job) -> None:
@@ -316,16 +392,34 @@ class StepLoop:
                 continue
             cache = info.n_prompt_cached
             ms = int((time.monotonic() - job.t_start) * 1e3)
-            if job.progress[1] < 0:
-                events.append((job, "progress", {"total": job.n_prompt, "cache": cache, "processed": cache,
-                                                 "time_ms": ms}))
+            if job.progress[1] < 0:  # before any prompt token is decoded: no time spent yet
+                timings = timings_of(cache, 0, 0.0, 0, 0.0) if job.timings_per_token else None
+                events.append((job, "progress", Progress({"total": job.n_prompt, "cache": cache, "processed": cache,
+                                                          "time_ms": ms}, timings)))
                 job.progress = (cache, cache)
             processed = min(info.n_prefilled, job.n_prompt)
             if processed > job.progress[1]:
-                events.append((job, "progress", {"total": job.n_prompt, "cache": cache, "processed": processed,
-                                                 "time_ms": ms}))
+                timings = self._timings_so_far(job, info) if job.timings_per_token else None
+                events.append((job, "progress", Progress({"total": job.n_prompt, "cache": cache,
+                                                          "processed": processed, "time_ms": ms}, timings)))
                 job.progress = (cache, processed)
         return events
+
+    def _timings_so_far(self, job: Job, info: SlotInfo | None = None) -> dict:
+        """A running job's ``timings`` (``timings_per_token``): the prompt part until its first
+        piece, then the generation part."""
+        if info is None:
+            sched = self.engine.scheduler
+            info = next((sched.slot(i) for i in range(sched.n_slots) if sched.slot(i).id == job.seq_id), None)
+        now = time.monotonic()
+        if info is None:
+            return timings_of(0, 0, 0.0, 0, 0.0)
+        cache = info.n_prompt_cached
+        prompt_n = max(min(info.n_prefilled, job.n_prompt) - cache, 0)
+        prompt_ms = ((job.t_prefilled or now) - job.t_start) * 1e3 if prompt_n else 0.0
+        if not job.t_prefilled:
+            return timings_of(cache, prompt_n, prompt_ms, 0, 0.0)
+        return timings_of(cache, prompt_n, prompt_ms, info.n_generated, (now - job.t_prefilled) * 1e3)
 
     def _finish(self, sid: int) -> None:
         job = self._live.pop(sid, None)
@@ -355,6 +449,8 @@ class StepLoop:
             return False
         if "\n" in text:
             job.has_new_line = True
+        if not job.t_prefilled:
+            job.t_prefilled = time.monotonic()
         tokens: tuple[int, ...] = ()
         probs: tuple = ()
         if job.piece_tokens or job.body.get("n_probs") or job.body.get("logprobs"):
@@ -366,7 +462,8 @@ class StepLoop:
                 probs = tuple(sched.probs(job.seq_id, job.n_seen))
                 job.n_seen += len(new)
             tokens = tuple(new)
-        self._events.append((job, "piece", Piece(text, tokens, probs)))
+        timings = self._timings_so_far(job) if job.timings_per_token else None
+        self._events.append((job, "piece", Piece(text, tokens, probs, timings)))
         return True
 
     def _flush(self) -> None:
@@ -434,7 +531,9 @@ class StepLoop:
         for job in inbox + list(self._live.values()):
             self._events.append((job, "error", err))
         engine = self.engine
-        if engine is not None:
+        if engine is not None and self.sleeping:
+            self._flush()
+        elif engine is not None:
             with engine.target._lock:
                 engine.scheduler.abandon(list(self._live))
                 self._live.clear()

@@ -1,6 +1,11 @@
 """Prometheus counters: llama-server's (``llamacpp:``) plus the scheduler's own (``pydflash:``).
 
-Written by the step loop only (one writer), read by ``/metrics`` on the event loop.
+Written by the step loop and by embedding requests (under one lock), read by ``/metrics`` on the
+event loop.
+
+The two throughput gauges are llama-server's: averaged over the window since the previous scrape
+(a scrape empties the window), and a generation's rate counts its tokens after the first (that one
+comes free from the prompt's logits).
 
 llama-server's definitions: ``prompt_tokens_total`` prompt tokens prefilled (cached ones are
 ``prompt_tokens_cached_total``), ``n_decode_total`` target batches decoded (steps),
@@ -13,9 +18,10 @@ chose: 0 = plain), ``probe_steps_total`` (auto mode re-probing speculation).
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
-from .responses import prefilled, verif_steps
+from .responses import generation_steps, prefilled, verif_steps
 
 __all__ = ["Metrics"]
 
@@ -43,14 +49,28 @@ class Metrics:
         self.probe_steps = 0
         self.width_steps: dict[int, int] = {}
         self.last_width = 0
+        # the scrape window of the throughput gauges: [prompt tokens, prompt s, generation steps, generation s]
+        self._window = [0, 0.0, 0, 0.0]
+        self._lock = threading.Lock()
 
     def add_result(self, stats: Any) -> None:
+        with self._lock:
+            self._add_result(stats)
+
+    def _add_result(self, stats: Any) -> None:
         self.n_requests += 1
+        prompt_s = stats.t_prefill_ms / 1e3
+        predicted_s = max(stats.t_total_ms - stats.t_prefill_ms, 0.0) / 1e3
         self.prompt_tokens += prefilled(stats)
         self.prompt_tokens_cached += stats.n_cached
-        self.prompt_seconds += stats.t_prefill_ms / 1e3
+        self.prompt_seconds += prompt_s
         self.predicted_tokens += stats.n_generated
-        self.predicted_seconds += max(stats.t_total_ms - stats.t_prefill_ms, 0.0) / 1e3
+        self.predicted_seconds += predicted_s
+        w = self._window
+        w[0] += prefilled(stats)
+        w[1] += prompt_s
+        w[2] += generation_steps(stats)
+        w[3] += predicted_s
         self.n_draft += stats.n_drafted
         self.n_accepted += stats.n_accepted
         self.n_drafts += verif_steps(stats)
@@ -58,7 +78,20 @@ class Metrics:
             self.accepted_per_pos[i] += n
         self.n_tokens_max = max(self.n_tokens_max, stats.n_prompt + stats.n_generated)
 
+    def add_embedding(self, n_tokens: int, seconds: float) -> None:
+        """An embedding request's prompt: prefilled tokens and one target batch, nothing predicted."""
+        with self._lock:
+            self.prompt_tokens += n_tokens
+            self.prompt_seconds += seconds
+            self.n_decode += 1
+            self._window[0] += n_tokens
+            self._window[1] += seconds
+
     def add_step(self, info: Any) -> None:
+        with self._lock:
+            self._add_step(info)
+
+    def _add_step(self, info: Any) -> None:
         self.n_steps += 1
         if info.n_rows <= 0:
             return
@@ -71,7 +104,16 @@ class Metrics:
             self.width_steps[info.width] = self.width_steps.get(info.width, 0) + 1
             self.last_width = info.width
 
+    def take_window(self) -> tuple[float, float]:
+        """(prompt tokens/s, generation tokens/s) since the previous call, which empties the window."""
+        with self._lock:
+            n_prompt, t_prompt, n_gen, t_gen = self._window
+            self._window = [0, 0.0, 0, 0.0]
+        return (n_prompt / t_prompt if t_prompt > 0 else 0.0, n_gen / t_gen if t_gen > 0 else 0.0)
+
     def render(self, processing: int, deferred: int, n_pos: int) -> str:
+        """The Prometheus text; a scrape, so it empties the throughput window."""
+        prompt_rate, predicted_rate = self.take_window()
         counters = [
             ("prompt_tokens_total", "Number of prompt tokens processed.", self.prompt_tokens),
             ("prompt_tokens_cached_total", "Number of prompt tokens reused from the prompt cache.",
@@ -88,10 +130,10 @@ class Metrics:
              self.n_drafts),
         ]
         gauges = [
-            ("prompt_tokens_seconds", "Average prompt throughput in tokens/s.",
-             self.prompt_tokens / self.prompt_seconds if self.prompt_seconds else 0.0),
-            ("predicted_tokens_seconds", "Average generation throughput in tokens/s.",
-             self.predicted_tokens / self.predicted_seconds if self.predicted_seconds else 0.0),
+            ("prompt_tokens_seconds", "Average prompt throughput in tokens/s (since the previous scrape).",
+             prompt_rate),
+            ("predicted_tokens_seconds", "Average generation throughput in tokens/s (since the previous scrape).",
+             predicted_rate),
             ("requests_processing", "Number of requests processing.", processing),
             ("requests_deferred", "Number of requests deferred.", deferred),
             ("n_busy_slots_per_decode", "Average number of busy slots per llama_decode() call.",

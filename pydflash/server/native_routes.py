@@ -103,10 +103,12 @@ class NativeRoutes:
         loop = asyncio.get_running_loop()
         out = []
         for toks in inputs:  # a second context of the same weights: generation keeps running
+            t0 = time.monotonic()
             try:
                 out.append(await loop.run_in_executor(None, lambda t=toks: target.embed(t, pooling=pooling)))
             except errors.InvalidArgumentError as exc:
                 raise APIError(400, str(exc)) from None
+            self.http.metrics.add_embedding(len(toks), time.monotonic() - t0)
         return out
 
     async def embedding(self, request):  # type: ignore[no-untyped-def]

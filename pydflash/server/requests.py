@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 
 from .. import errors
 
-__all__ = ["APIError", "Common", "Job", "Piece", "Speculative", "check_model", "field_value", "from_engine_error",
+__all__ = ["APIError", "Common", "Job", "Piece", "Progress", "Speculative", "check_model", "field_value", "from_engine_error",
            "make_jobs", "parse_body", "parse_common", "parse_messages", "parse_prompts", "check_continuation"]
 
 ERROR_TYPES = {
@@ -77,6 +77,14 @@ class Piece(NamedTuple):
     text: str
     tokens: tuple[int, ...] = ()
     probs: tuple = ()  # pydflash.generation.TokenProbs of those tokens (n_probs)
+    timings: dict | None = None  # the timings so far, with ``timings_per_token``
+
+
+class Progress(NamedTuple):
+    """A prompt-progress report (llama-server's ``prompt_progress``) and the timings so far."""
+
+    report: dict  # {total, cache, processed, time_ms}
+    timings: dict | None = None  # with ``timings_per_token``
 
 
 @dataclass
@@ -84,7 +92,7 @@ class Job:
     """One sequence to generate, from the handler that submitted it to the step loop and back.
 
     Events put on ``out`` (on the event loop): ("start", index, n_prompt) once the prompt passed
-    its checks and the sequence is queued, ("piece", index, Piece), ("progress", index, dict) with
+    its checks and the sequence is queued, ("piece", index, Piece), ("progress", index, Progress) with
     ``return_progress``, ("done", index, Result), ("error", index, APIError). The fields below the line are the step loop's."""
 
     index: int                        # choice index within its HTTP request
@@ -95,7 +103,8 @@ class Job:
     cache_prompt: bool
     out: asyncio.Queue
     cancelled: threading.Event = field(default_factory=threading.Event)
-    return_progress: bool = False     # stream ("progress", index, {total, cache, processed, time_ms}) events
+    return_progress: bool = False     # stream ("progress", index, Progress) events
+    timings_per_token: bool = False   # streamed pieces and progress reports carry the timings so far
     piece_tokens: bool = False        # pieces carry token ids (llama.cpp's streamed ``tokens``)
     body: dict = field(default_factory=dict)  # the request (constraints: grammar, logit_bias, n_probs ...)
     chat_request: dict | None = None  # an OpenAI chat request to render with the Jinja templates
@@ -106,6 +115,7 @@ class Job:
     prompt_text: str = ""             # the prompt tokens as text, special tokens rendered
     t_start: float = 0.0              # time.monotonic() when it was queued
     progress: tuple[int, int] = (-1, -1)  # (cache, processed) last reported
+    t_prefilled: float = 0.0          # time.monotonic() of its first piece (the prompt was done)
     slot: int = -1                    # the slot it was seen running in
     has_new_line: bool = False
     widths: Counter = field(default_factory=Counter)  # draft width -> steps it decoded in

@@ -14,7 +14,7 @@ from typing import Any
 
 from .. import __version__
 
-__all__ = ["FINISH_REASONS", "STOP_TYPES", "SYSTEM_FINGERPRINT", "timings", "usage", "settings", "sse", "now",
+__all__ = ["FINISH_REASONS", "STOP_TYPES", "SYSTEM_FINGERPRINT", "generation_steps", "timings", "timings_of", "usage", "settings", "sse", "now",
            "verif_steps", "prefilled", "nested_fields"]
 
 FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length", "context": "length", "cancelled": "stop",
@@ -47,21 +47,33 @@ def prefilled(stats: Any) -> int:
     return stats.n_prompt - stats.n_cached
 
 
+def generation_steps(stats: Any) -> int:
+    """The tokens a generation's rate counts, as llama-server's: the first one is free (it comes
+    from the prompt's last logits), so one token is no rate at all."""
+    return max(stats.n_generated - 1, 0)
+
+
+def timings_of(cache_n: int, prompt_n: int, prompt_ms: float, predicted_n: int, predicted_ms: float) -> dict:
+    """llama.cpp's ``timings`` object from its counts and times (a generation's rate leaves out
+    its first token, see ``generation_steps``)."""
+    n_steps = max(predicted_n - 1, 0)
+    return {
+        "cache_n": cache_n,
+        "prompt_n": prompt_n,
+        "prompt_ms": prompt_ms,
+        "prompt_per_token_ms": prompt_ms / prompt_n if prompt_n else 0.0,
+        "prompt_per_second": 1e3 * prompt_n / prompt_ms if prompt_n and prompt_ms > 0 else 0.0,
+        "predicted_n": predicted_n,
+        "predicted_ms": predicted_ms,
+        "predicted_per_token_ms": predicted_ms / n_steps if n_steps else 0.0,
+        "predicted_per_second": 1e3 * n_steps / predicted_ms if n_steps and predicted_ms > 0 else 0.0,
+    }
+
+
 def timings(stats: Any, speculative: bool) -> dict:
     """llama.cpp's ``timings`` object (the draft fields only when the server speculates, as upstream)."""
-    predicted_ms = max(stats.t_total_ms - stats.t_prefill_ms, 0.0)
-    n_prefilled = prefilled(stats)
-    out = {
-        "cache_n": stats.n_cached,
-        "prompt_n": n_prefilled,
-        "prompt_ms": stats.t_prefill_ms,
-        "prompt_per_token_ms": stats.t_prefill_ms / n_prefilled if n_prefilled else 0.0,
-        "prompt_per_second": 1e3 * n_prefilled / stats.t_prefill_ms if stats.t_prefill_ms > 0 else 0.0,
-        "predicted_n": stats.n_generated,
-        "predicted_ms": predicted_ms,
-        "predicted_per_token_ms": predicted_ms / stats.n_generated if stats.n_generated else 0.0,
-        "predicted_per_second": 1e3 * stats.n_generated / predicted_ms if predicted_ms > 0 else 0.0,
-    }
+    out = timings_of(stats.n_cached, prefilled(stats), stats.t_prefill_ms, stats.n_generated,
+                     max(stats.t_total_ms - stats.t_prefill_ms, 0.0))
     if speculative:
         out.update(draft_n=stats.n_drafted, draft_n_accepted=stats.n_accepted, draft_n_verif_steps=verif_steps(stats))
     return out
