@@ -99,7 +99,7 @@ def anthropic_to_chat(body: dict) -> dict:
         messages.extend(tool_results)
     out: dict[str, Any] = {"messages": messages}
     for name in ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stream", "n_predict",
-                 "cache_prompt", "speculative", "verbose", "return_progress", "chat_template_kwargs"):
+                 "cache_prompt", "speculative", "verbose", "return_progress", "timings_per_token", "chat_template_kwargs"):
         if name in body:
             out[name] = body[name]
     stops = body.get("stop_sequences")
@@ -173,7 +173,7 @@ def responses_to_chat(body: dict) -> dict:
         raise APIError(400, "'input' must be a string or a list of items")
     out: dict[str, Any] = {"messages": messages}
     for name in ("temperature", "top_p", "top_k", "min_p", "seed", "stream", "cache_prompt", "speculative",
-                 "verbose", "return_progress", "stop"):
+                 "verbose", "return_progress", "timings_per_token", "stop"):
         if name in body:
             out[name] = body[name]
     if body.get("max_output_tokens") is not None:

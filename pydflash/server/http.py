@@ -19,6 +19,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from .. import errors
 from .config import ServerConfig
 from .loop import SlotView, StepLoop
 from .metrics import Metrics
@@ -629,30 +630,39 @@ class HTTPServer:
 
     # -- token counts ----------------------------------------------------------------------------------
 
-    async def _count_chat(self, messages: list[dict]) -> int:
-        def run(target):  # type: ignore[no-untyped-def]
-            return len(target.tokenize(target.apply_chat_template(messages), parse_special=True))
+    async def _count_chat(self, body: dict, messages: list[dict]) -> int:
+        """The prompt tokens of a chat request (``messages``: its checked messages, none: 0),
+        rendered as its generation would render it (the Jinja templates, tools and reasoning
+        included), on the step loop's thread, which owns them."""
+        def run(engine):  # type: ignore[no-untyped-def]
+            if not messages:
+                return 0
+            try:
+                prompt = self.steps.chat.render(body)["prompt"]  # the raw messages: tool calls, reasoning
+            except errors.InvalidArgumentError as exc:
+                raise APIError(400, str(exc)) from None
+            return len(engine.target.tokenize(prompt, parse_special=True))
 
-        return await self._on_target(run)
+        return await asyncio.wrap_future(self.steps.call(run))
 
     async def chat_input_tokens(self, request):  # type: ignore[no-untyped-def]
         """/chat/completions/input_tokens: the prompt tokens a chat request would have."""
         body = await self._body(request)
         messages = parse_messages(body.get("messages"))
         check_continuation(body, messages)
-        return self.web.json_response({"input_tokens": await self._count_chat(messages),
+        return self.web.json_response({"input_tokens": await self._count_chat(body, messages),
                                        "object": "response.input_tokens"})
 
     async def responses_input_tokens(self, request):  # type: ignore[no-untyped-def]
         chat = responses_to_chat(await self._body(request))
         messages = parse_messages(chat["messages"])
-        return self.web.json_response({"input_tokens": await self._count_chat(messages),
+        return self.web.json_response({"input_tokens": await self._count_chat(chat, messages),
                                        "object": "response.input_tokens"})
 
     async def anthropic_count_tokens(self, request):  # type: ignore[no-untyped-def]
         chat = anthropic_to_chat(await self._body(request))
         messages = parse_messages(chat["messages"]) if chat["messages"] else []
-        return self.web.json_response({"input_tokens": await self._count_chat(messages)})  # no "object" here
+        return self.web.json_response({"input_tokens": await self._count_chat(chat, messages)})  # no "object" here
 
     # -- Anthropic Messages and OpenAI Responses --------------------------------------------------------
 
