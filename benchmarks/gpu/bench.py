@@ -201,7 +201,8 @@ def main() -> None:
     drafter = args.drafter
     if ("drafter" in parts or "tok_s_dflash2" in parts) and drafter is None:
         a = time.perf_counter()
-        drafter = make_drafter(args.target, args.out.with_name(args.target.stem + "-dflash2-random.gguf"),
+        # beside the target (the work folder), not beside the results: $OUT comes back over the wire
+        drafter = make_drafter(args.target, args.target.with_name(args.target.stem + "-dflash2-random.gguf"),
                                args.drafter_layers, args.drafter_type, args.threads)
         res["seconds"]["make_drafter"] = round(time.perf_counter() - a, 1)
 
