@@ -16,9 +16,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from net import wait_healthy
-from test_server import _stop
-from test_server_compat import _call, _start_ours, _start_upstream
+from test_server_compat import _call, running
 
 KEY = "sk-proxy"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -84,22 +82,12 @@ def target():
 @pytest.fixture(scope="module")
 def proxies(tmp_path_factory, smollm2_path):
     """{"ours" / "upstream": base URL} with the proxy on, and "ours-off" / "upstream-off" without."""
-    tmp = tmp_path_factory.mktemp("cors-proxy")
     common = ["-m", str(smollm2_path), "--host", "127.0.0.1", "-np", "1", "-c", "512", "-t", "1",
               "--api-key", KEY]
-    procs, bases = [], {}
-    try:
-        for name, start, extra in (("ours", _start_ours, ["--ui-mcp-proxy"]),
-                                   ("upstream", _start_upstream, ["--ui-mcp-proxy"]),
-                                   ("ours-off", _start_ours, []), ("upstream-off", _start_upstream, [])):
-            proc, port = start(common + extra, tmp / f"{name}.log")
-            procs.append(proc)
-            bases[name] = f"http://127.0.0.1:{port}"
-            wait_healthy(bases[name], proc, log=tmp / f"{name}.log")
-        yield bases
-    finally:
-        for proc in procs:
-            _stop(proc)
+    specs = {"ours": ("ours", common + ["--ui-mcp-proxy"]), "upstream": ("upstream", common + ["--ui-mcp-proxy"]),
+             "ours-off": ("ours", common), "upstream-off": ("upstream", common)}
+    with running(tmp_path_factory.mktemp("cors-proxy"), specs) as up:
+        yield {name: base for name, (base, _) in up.items()}
 
 
 def _through(proxies: dict, target, name: str, method: str, path: str, body=None, headers=None):  # type: ignore[no-untyped-def]

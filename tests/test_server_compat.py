@@ -13,6 +13,7 @@ the server's default seed and n_predict, chat validation. Greedy texts are compa
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import subprocess
@@ -108,22 +109,37 @@ def _start_upstream(args: list[str], log: Path) -> tuple[subprocess.Popen, int]:
     return proc, port
 
 
-@pytest.fixture(scope="module")
-def servers(tmp_path_factory, smollm2_path):
-    """{"ours": base URL, "upstream": base URL}, both on the same model and flags."""
-    tmp = tmp_path_factory.mktemp("compat")
-    args = ["-m", str(smollm2_path), "--host", "127.0.0.1", *COMMON_ARGS]
-    procs, bases = [], {}
+START = {"ours": _start_ours, "upstream": _start_upstream}
+
+
+@contextlib.contextmanager
+def running(tmp: Path, specs: dict[str, tuple[str, list[str]]]):  # type: ignore[no-untyped-def]
+    """Start each server of ``specs`` ({label: ("ours" | "upstream", argv)}), wait until healthy;
+    yields {label: (base URL, process)} and stops them all at the end."""
+    procs, out = [], {}
     try:
-        for name, start in (("ours", _start_ours), ("upstream", _start_upstream)):
-            proc, port = start(args, tmp / f"{name}.log")
+        for label, (kind, args) in specs.items():
+            proc, port = START[kind](args, tmp / f"{label}.log")
             procs.append(proc)
-            bases[name] = f"http://127.0.0.1:{port}"
-            wait_healthy(bases[name], proc, log=tmp / f"{name}.log")
-        yield bases
+            out[label] = (f"http://127.0.0.1:{port}", proc)
+            wait_healthy(out[label][0], proc, log=tmp / f"{label}.log")
+        yield out
     finally:
         for proc in procs:
             _stop(proc)
+
+
+def both(args: list[str]) -> dict[str, tuple[str, list[str]]]:
+    """The same argv for pydflash and the shipped llama-server."""
+    return {"ours": ("ours", args), "upstream": ("upstream", args)}
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory, smollm2_path):
+    """{"ours": base URL, "upstream": base URL}, both on the same model and flags."""
+    args = ["-m", str(smollm2_path), "--host", "127.0.0.1", *COMMON_ARGS]
+    with running(tmp_path_factory.mktemp("compat"), both(args)) as up:
+        yield {name: base for name, (base, _) in up.items()}
 
 
 def _both(servers: dict, fn):  # type: ignore[no-untyped-def]
@@ -268,13 +284,8 @@ def test_max_tokens_past_the_context_stops_at_the_context(tmp_path, smollm2_path
     generation stops when the context is full, finish_reason "length", truncated."""
     # 256: llama-server's smallest context (it pads -c up to it)
     args = ["-m", str(smollm2_path), "--host", "127.0.0.1", "-np", "1", "-c", "256", "-t", "2", "--seed", "1"]
-    procs, bases = [], {}
-    try:
-        for name, start in (("ours", _start_ours), ("upstream", _start_upstream)):
-            proc, port = start(args, tmp_path / f"{name}.log")
-            procs.append(proc)
-            bases[name] = f"http://127.0.0.1:{port}"
-            wait_healthy(bases[name], proc, log=tmp_path / f"{name}.log")
+    with running(tmp_path, both(args)) as up:
+        bases = {name: base for name, (base, _) in up.items()}
         body = {"prompt": "Once", "n_predict": 300, "temperature": 0, "ignore_eos": True}
         ours, up = _both(bases, lambda b: _post(b, "/completion", body))
         for out in (ours, up):
@@ -289,9 +300,6 @@ def test_max_tokens_past_the_context_stops_at_the_context(tmp_path, smollm2_path
         # a prompt that does not fit is still refused
         status = _call(bases["ours"], "/completion", {"prompt": "word " * 300, "n_predict": 4})[0]
         assert status == 400
-    finally:
-        for proc in procs:
-            _stop(proc)
 
 
 def test_streamed_completion_chunks_and_progress(servers):
@@ -474,17 +482,8 @@ def strict_servers(tmp_path_factory, smollm2_path):
     hosts = "127.0.0.1,::1" if _ipv6() else "127.0.0.1"
     args = ["-m", str(smollm2_path), "--host", hosts, *COMMON_ARGS, "--cors-origins", "localhost",
             "--api-key", KEY, "--metrics"]
-    procs, bases = [], {}
-    try:
-        for name, start in (("ours", _start_ours), ("upstream", _start_upstream)):
-            proc, port = start(args, tmp / f"{name}.log")
-            procs.append(proc)
-            bases[name] = f"http://127.0.0.1:{port}"
-            wait_healthy(bases[name], proc, log=tmp / f"{name}.log")
-        yield bases, hosts.split(",")
-    finally:
-        for proc in procs:
-            _stop(proc)
+    with running(tmp, both(args)) as up:
+        yield {name: base for name, (base, _) in up.items()}, hosts.split(",")
 
 
 def test_cors_origins_localhost_equals_upstream(strict_servers):

@@ -16,9 +16,8 @@ import time
 from pathlib import Path
 
 import pytest
-from net import wait_healthy
-from test_server import _assert_same_greedy, _stop
-from test_server_compat import _call, _post, _start_ours, _start_upstream
+from test_server import _assert_same_greedy
+from test_server_compat import _call, _post, both, running
 
 import pydflash
 
@@ -29,19 +28,11 @@ PROMPT = "I believe the meaning of life is"
 
 @pytest.fixture(scope="module")
 def sleepy(tmp_path_factory, smollm2_path):
-    tmp = tmp_path_factory.mktemp("sleep")
-    base_args = ["-m", str(smollm2_path), "--host", "127.0.0.1", *ARGS]
-    procs, out = [], {}
-    try:
-        for name, start, extra in (("ours", _start_ours, ["-md", str(DRAFTER)]), ("upstream", _start_upstream, [])):
-            proc, port = start(base_args + extra, tmp / f"{name}.log")
-            procs.append(proc)
-            out[name] = (f"http://127.0.0.1:{port}", proc)
-            wait_healthy(out[name][0], proc, log=tmp / f"{name}.log")
-        yield out
-    finally:
-        for proc in procs:
-            _stop(proc)
+    """{"ours" / "upstream": (base URL, process)}, pydflash with the shipped drafter."""
+    args = ["-m", str(smollm2_path), "--host", "127.0.0.1", *ARGS]
+    with running(tmp_path_factory.mktemp("sleep"), {"ours": ("ours", args + ["-md", str(DRAFTER)]),
+                                                    "upstream": ("upstream", args)}) as up:
+        yield up
 
 
 def _sleeping(base: str) -> bool:
@@ -185,20 +176,10 @@ def test_timings_per_token_as_upstream(sleepy):
 
 @pytest.fixture(scope="module")
 def embedders(tmp_path_factory, smollm2_path):
-    tmp = tmp_path_factory.mktemp("embed-metrics")
     args = ["-m", str(smollm2_path), "--host", "127.0.0.1", "-np", "1", "-c", "512", "-t", "2", "--metrics",
             "--embedding", "--pooling", "mean"]
-    procs, out = [], {}
-    try:
-        for name, start in (("ours", _start_ours), ("upstream", _start_upstream)):
-            proc, port = start(args, tmp / f"{name}.log")
-            procs.append(proc)
-            out[name] = f"http://127.0.0.1:{port}"
-            wait_healthy(out[name], proc, log=tmp / f"{name}.log")
-        yield out
-    finally:
-        for proc in procs:
-            _stop(proc)
+    with running(tmp_path_factory.mktemp("embed-metrics"), both(args)) as up:
+        yield {name: base for name, (base, _) in up.items()}
 
 
 def _counter(base: str, name: str) -> float:
