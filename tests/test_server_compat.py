@@ -523,3 +523,34 @@ def test_metrics_header_and_counters(strict_servers):
         return {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE llamacpp:")}
 
     assert names(t_u) <= names(t_o)
+
+
+QWEN3_TEMPLATE = (Path(__file__).resolve().parents[1] / ".cache" / "llama-cpp-python-0.3.36" / "vendor" / "llama.cpp"
+                  / "models" / "templates" / "Qwen-Qwen3-0.6B.jinja")
+
+
+def test_anthropic_history_blocks_render_as_upstream(tmp_path, smollm2_path):
+    """Thinking and tool-use blocks of an Anthropic history reach the template (as reasoning_content
+    and tool_calls, tools as OpenAI functions): the same token counts as llama-server, with a
+    template that renders them (Qwen3's); before, the thinking was dropped and the counts equal."""
+    if not QWEN3_TEMPLATE.is_file():
+        pytest.skip(f"no {QWEN3_TEMPLATE}")
+    args = ["-m", str(smollm2_path), "--host", "127.0.0.1", "-np", "1", "-c", "1024", "-t", "2", "--jinja",
+            "--chat-template-file", str(QWEN3_TEMPLATE)]
+    tool = {"name": "list_files", "description": "List files",
+            "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}
+    use = {"type": "tool_use", "id": "call_1", "name": "list_files", "input": {"path": "."}}
+    think = {"type": "thinking", "thinking": "I should look at the project layout first."}
+    result = {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "call_1", "content": "main.py"}]}
+    histories = {"plain": [{"role": "user", "content": "Fix the bug"}, {"role": "assistant", "content": [use]}, result],
+                 "thinking": [{"role": "user", "content": "Fix the bug"},
+                              {"role": "assistant", "content": [think, use]}, result]}
+    with running(tmp_path, both(args)) as up:
+        counts = {}
+        for name, (base, _) in up.items():
+            for kind, messages in histories.items():
+                counts[name, kind] = _post(base, "/v1/messages/count_tokens",
+                                           {"model": "m", "messages": messages, "tools": [tool]})["input_tokens"]
+            assert counts[name, "thinking"] > counts[name, "plain"], counts
+        assert counts["ours", "plain"] == counts["upstream", "plain"], counts
+        assert counts["ours", "thinking"] == counts["upstream", "thinking"], counts
