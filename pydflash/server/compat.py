@@ -99,7 +99,8 @@ def anthropic_to_chat(body: dict) -> dict:
         messages.extend(tool_results)
     out: dict[str, Any] = {"messages": messages}
     for name in ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stream", "n_predict",
-                 "cache_prompt", "speculative", "verbose", "return_progress", "timings_per_token", "chat_template_kwargs"):
+                 "cache_prompt", "speculative", "verbose", "return_progress", "timings_per_token",
+                 "chat_template_kwargs"):
         if name in body:
             out[name] = body[name]
     stops = body.get("stop_sequences")

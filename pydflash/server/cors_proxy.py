@@ -92,13 +92,11 @@ class _Proxy:
                     low = key.lower()
                     if low not in _RESPONSE_SKIP and not low.startswith("access-control-"):
                         response.headers.add(key, value)
-                if upstream.content_type and "Content-Type" in upstream.headers:
+                if "Content-Type" in upstream.headers:
                     response.headers["Content-Type"] = upstream.headers["Content-Type"]
-                if upstream.status in (204, 304) or request.method == "HEAD":
-                    await response.prepare(request)
-                    return response
                 await response.prepare(request)
-                async for chunk in upstream.content.iter_any():
-                    await response.write(chunk)
-                await response.write_eof()
+                if upstream.status not in (204, 304):  # those have no body
+                    async for chunk in upstream.content.iter_any():  # as it comes: event streams
+                        await response.write(chunk)
+                    await response.write_eof()
                 return response

@@ -630,18 +630,17 @@ class HTTPServer:
 
     # -- token counts ----------------------------------------------------------------------------------
 
-    async def _count_chat(self, body: dict, messages: list[dict]) -> int:
-        """The prompt tokens of a chat request (``messages``: its checked messages, none: 0),
-        rendered as its generation would render it (the Jinja templates, tools and reasoning
-        included), on the step loop's thread, which owns them."""
+    async def _count_chat(self, body: dict) -> int:
+        """The prompt tokens of a checked chat request (no messages: 0), rendered as its generation
+        renders it (the raw messages: tools, tool calls and reasoning included)."""
+        if not body.get("messages"):
+            return 0
+
         def run(engine):  # type: ignore[no-untyped-def]
-            if not messages:
-                return 0
             try:
-                prompt = self.steps.chat.render(body)["prompt"]  # the raw messages: tool calls, reasoning
+                return len(self.steps.render_chat(body)[1])
             except errors.InvalidArgumentError as exc:
                 raise APIError(400, str(exc)) from None
-            return len(engine.target.tokenize(prompt, parse_special=True))
 
         return await asyncio.wrap_future(self.steps.call(run))
 
@@ -650,19 +649,20 @@ class HTTPServer:
         body = await self._body(request)
         messages = parse_messages(body.get("messages"))
         check_continuation(body, messages)
-        return self.web.json_response({"input_tokens": await self._count_chat(body, messages),
+        return self.web.json_response({"input_tokens": await self._count_chat(body),
                                        "object": "response.input_tokens"})
 
     async def responses_input_tokens(self, request):  # type: ignore[no-untyped-def]
         chat = responses_to_chat(await self._body(request))
-        messages = parse_messages(chat["messages"])
-        return self.web.json_response({"input_tokens": await self._count_chat(chat, messages),
+        parse_messages(chat["messages"])  # checked as for generation
+        return self.web.json_response({"input_tokens": await self._count_chat(chat),
                                        "object": "response.input_tokens"})
 
     async def anthropic_count_tokens(self, request):  # type: ignore[no-untyped-def]
         chat = anthropic_to_chat(await self._body(request))
-        messages = parse_messages(chat["messages"]) if chat["messages"] else []
-        return self.web.json_response({"input_tokens": await self._count_chat(chat, messages)})  # no "object" here
+        if chat["messages"]:
+            parse_messages(chat["messages"])  # checked as for generation
+        return self.web.json_response({"input_tokens": await self._count_chat(chat)})  # no "object" here
 
     # -- Anthropic Messages and OpenAI Responses --------------------------------------------------------
 
@@ -735,7 +735,8 @@ class HTTPServer:
                 elif kind == "progress":
                     msgs.append(("response.in_progress", {"type": "response.in_progress", "response": stub}))
                 if kind == "progress":
-                    msgs[-1] = (msgs[-1][0], _timed({**msgs[-1][1], "prompt_progress": payload.report}, payload.timings))
+                    msgs[-1] = (msgs[-1][0], _timed({**msgs[-1][1], "prompt_progress": payload.report},
+                                                    payload.timings))
                 elif kind == "piece" and payload.text:
                     if not state["text"]:
                         state["text"] = True

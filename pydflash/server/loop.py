@@ -31,8 +31,8 @@ import asyncio
 import concurrent.futures
 import contextlib
 import functools
-import sys
 import random
+import sys
 import threading
 import time
 import traceback
@@ -122,6 +122,9 @@ class StepLoop:
     @contextlib.asynccontextmanager
     async def awake(self):  # type: ignore[no-untyped-def]
         """Keep the engine loaded while the block runs, loading it first if it sleeps."""
+        if self.config.sleep_idle_seconds < 0:  # it never sleeps: nothing to hold
+            yield
+            return
         with self._cond:
             self._users += 1
         try:
@@ -409,8 +412,7 @@ class StepLoop:
         """A running job's ``timings`` (``timings_per_token``): the prompt part until its first
         piece, then the generation part."""
         if info is None:
-            sched = self.engine.scheduler
-            info = next((sched.slot(i) for i in range(sched.n_slots) if sched.slot(i).id == job.seq_id), None)
+            info = self._slot_info(job)
         now = time.monotonic()
         if info is None:
             return timings_of(0, 0, 0.0, 0, 0.0)
@@ -420,6 +422,19 @@ class StepLoop:
         if not job.t_prefilled:
             return timings_of(cache, prompt_n, prompt_ms, 0, 0.0)
         return timings_of(cache, prompt_n, prompt_ms, info.n_generated, (now - job.t_prefilled) * 1e3)
+
+    def _slot_info(self, job: Job) -> SlotInfo | None:
+        """The slot a running job is in (the one it was last seen in, else a search)."""
+        sched = self.engine.scheduler
+        if job.slot >= 0:
+            info = sched.slot(job.slot)
+            if info.id == job.seq_id:
+                return info
+        for i in range(sched.n_slots):
+            info = sched.slot(i)
+            if info.id == job.seq_id:
+                return info
+        return None
 
     def _finish(self, sid: int) -> None:
         job = self._live.pop(sid, None)
@@ -490,8 +505,7 @@ class StepLoop:
         """The job's prompt tokens, checked against the vocabulary and the slot's context."""
         target = self.engine.target
         if job.kind == "chat":
-            job.render = self.chat.render(job.chat_request or {**job.body, "messages": job.prompt})
-            tokens = target.tokenize(job.render["prompt"], parse_special=True)
+            job.render, tokens = self.render_chat(job.chat_request or {**job.body, "messages": job.prompt})
         elif job.kind == "text":
             tokens = target.tokenize(job.prompt)
         elif job.kind == "mixed":  # as llama-server: BOS before a leading string, special tokens parsed
@@ -511,6 +525,11 @@ class StepLoop:
         # max_tokens past the slot's context is not an error (as llama-server without context
         # shift): generation stops when the context is full, finish_reason "length", truncated
         return tokens
+
+    def render_chat(self, request: dict) -> tuple[dict, list[int]]:
+        """A chat request's template render and its prompt tokens (this thread owns the templates)."""
+        render = self.chat.render(request)
+        return render, self.engine.target.tokenize(render["prompt"], parse_special=True)
 
     def _spec_args(self, spec: Speculative) -> dict:
         """A job's speculative overrides as ``Scheduler.add`` arguments (validated as the Engine's)."""

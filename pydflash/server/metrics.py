@@ -59,17 +59,17 @@ class Metrics:
 
     def _add_result(self, stats: Any) -> None:
         self.n_requests += 1
-        prompt_s = stats.t_prefill_ms / 1e3
+        n_prompt, prompt_s = prefilled(stats), stats.t_prefill_ms / 1e3
         predicted_s = max(stats.t_total_ms - stats.t_prefill_ms, 0.0) / 1e3
-        self.prompt_tokens += prefilled(stats)
+        self.prompt_tokens += n_prompt
         self.prompt_tokens_cached += stats.n_cached
         self.prompt_seconds += prompt_s
         self.predicted_tokens += stats.n_generated
         self.predicted_seconds += predicted_s
         w = self._window
-        w[0] += prefilled(stats)
+        w[0] += n_prompt
         w[1] += prompt_s
-        w[2] += generation_steps(stats)
+        w[2] += generation_steps(stats.n_generated)
         w[3] += predicted_s
         self.n_draft += stats.n_drafted
         self.n_accepted += stats.n_accepted

@@ -19,8 +19,9 @@ from typing import Any, NamedTuple
 
 from .. import errors
 
-__all__ = ["APIError", "Common", "Job", "Piece", "Progress", "Speculative", "check_model", "field_value", "from_engine_error",
-           "make_jobs", "parse_body", "parse_common", "parse_messages", "parse_prompts", "check_continuation"]
+__all__ = ["APIError", "Common", "Job", "Piece", "Progress", "Speculative", "check_model", "field_value",
+           "from_engine_error", "make_jobs", "parse_body", "parse_common", "parse_messages", "parse_prompts",
+           "check_continuation"]
 
 ERROR_TYPES = {
     400: "invalid_request_error",
@@ -92,8 +93,8 @@ class Job:
     """One sequence to generate, from the handler that submitted it to the step loop and back.
 
     Events put on ``out`` (on the event loop): ("start", index, n_prompt) once the prompt passed
-    its checks and the sequence is queued, ("piece", index, Piece), ("progress", index, Progress) with
-    ``return_progress``, ("done", index, Result), ("error", index, APIError). The fields below the line are the step loop's."""
+    its checks and the sequence is queued, ("piece", index, Piece), ("progress", index, Progress)
+    with ``return_progress``, ("done", index, Result), ("error", index, APIError). The fields below the line are the step loop's."""
 
     index: int                        # choice index within its HTTP request
     prompt: Any                       # str, list[int], or a list of chat messages

@@ -14,8 +14,8 @@ from typing import Any
 
 from .. import __version__
 
-__all__ = ["FINISH_REASONS", "STOP_TYPES", "SYSTEM_FINGERPRINT", "generation_steps", "timings", "timings_of", "usage", "settings", "sse", "now",
-           "verif_steps", "prefilled", "nested_fields"]
+__all__ = ["FINISH_REASONS", "STOP_TYPES", "SYSTEM_FINGERPRINT", "generation_steps", "timings", "timings_of", "usage",
+           "settings", "sse", "now", "verif_steps", "prefilled", "nested_fields"]
 
 FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length", "context": "length", "cancelled": "stop",
                   "none": "stop"}
@@ -47,16 +47,16 @@ def prefilled(stats: Any) -> int:
     return stats.n_prompt - stats.n_cached
 
 
-def generation_steps(stats: Any) -> int:
+def generation_steps(n_generated: int) -> int:
     """The tokens a generation's rate counts, as llama-server's: the first one is free (it comes
     from the prompt's last logits), so one token is no rate at all."""
-    return max(stats.n_generated - 1, 0)
+    return max(n_generated - 1, 0)
 
 
 def timings_of(cache_n: int, prompt_n: int, prompt_ms: float, predicted_n: int, predicted_ms: float) -> dict:
     """llama.cpp's ``timings`` object from its counts and times (a generation's rate leaves out
     its first token, see ``generation_steps``)."""
-    n_steps = max(predicted_n - 1, 0)
+    n_steps = generation_steps(predicted_n)
     return {
         "cache_n": cache_n,
         "prompt_n": prompt_n,
