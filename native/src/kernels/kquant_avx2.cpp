@@ -176,11 +176,123 @@ inline void group_rows(const uint8_t * wr, int64_t nb, const uint8_t * const * a
     }
 }
 
+// byte shuffle that puts 16-bit word c of each 128-bit lane into all 8 words of that lane
+struct Pick {
+    alignas(32) int8_t m[8][32];
+    constexpr Pick() : m() {
+        for (int c = 0; c < 8; ++c) {
+            for (int i = 0; i < 32; ++i) m[c][i] = int8_t(2 * c + (i & 1));
+        }
+    }
+};
+constexpr Pick kPick;
+
+inline __m256i pick(__m256i sc, int c) {
+    return _mm256_shuffle_epi8(sc, _mm256_load_si256(reinterpret_cast<const __m256i *>(kPick.m[c])));
+}
+
+// One activation row (a plain decode step): the same integer lane sums and the same float steps
+// as group_rows<1>, so a row's result does not depend on the batch it came in, but with the
+// scales kept in registers (one shuffle per sub-block instead of a store and a broadcast load)
+// and two independent integer sums per block.
+template <int kBlockBytes, KQ k>
+inline void one_row(const uint8_t * wr, int64_t nb, const uint8_t * arow, int64_t K, float * wmin, float * out) {
+    const __m256i m4     = _mm256_set1_epi8(0x0F);
+    const int64_t bs_off = K + (K / 256) * 4;
+    const float * da     = reinterpret_cast<const float *>(arow + K);
+    __m256        accf   = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t * blk = wr + b * kBlockBytes;
+        const int8_t *  a   = reinterpret_cast<const int8_t *>(arow) + b * 256;
+        __m256i         s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
+        float           d;
+        auto dot = [&](__m256i & acc, __m256i w, __m256i sc, int c) {
+            const __m256i av = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(a + 32 * c));
+            acc              = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w, av), sc));
+        };
+        if constexpr (k == KQ::q6) {
+            d                 = h2f(blk + 208);
+            const __m128i b8  = _mm_loadu_si128(reinterpret_cast<const __m128i *>(blk + 192));
+            // even scales in the low lane, odd in the high: pick(c) = (scale 2c | scale 2c+1)
+            const __m256i sc  = _mm256_cvtepi8_epi16(
+                _mm_shuffle_epi8(b8, _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15)));
+            const __m256i m2  = _mm256_set1_epi8(0x30);
+            DFLASH_UNROLL
+            for (int hh = 0; hh < 2; ++hh) {
+                const __m256i l0 = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(blk + 64 * hh));
+                const __m256i l1 = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(blk + 64 * hh + 32));
+                const __m256i qv = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(blk + 128 + 32 * hh));
+                const int     c  = 4 * hh;
+                dot(s0, _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(qv, 4), m2)),
+                    pick(sc, c), c);
+                dot(s1, _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(qv, 2), m2)),
+                    pick(sc, c + 1), c + 1);
+                dot(s0, _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(qv, m2)),
+                    pick(sc, c + 2), c + 2);
+                dot(s1,
+                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                                    _mm256_and_si256(_mm256_srli_epi16(qv, 2), m2)),
+                    pick(sc, c + 3), c + 3);
+            }
+            const __m256i mexp = _mm256_mullo_epi16(_mm256_cvtepi8_epi16(b8), _mm256_set1_epi16(-32));
+            const __m256i bsv  = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(arow + bs_off + b * 32));
+            s0                 = _mm256_add_epi32(s0, _mm256_madd_epi16(bsv, mexp));
+        } else {
+            d                    = h2f(blk);
+            const float     dmin = h2f(blk + 2);
+            const uint8_t * s    = blk + 4;
+            uint32_t        w0, w1, w2;
+            std::memcpy(&w0, s, 4);
+            std::memcpy(&w1, s + 4, 4);
+            std::memcpy(&w2, s + 8, 4);
+            const uint32_t sc_lo = w0 & 0x3f3f3f3fu;
+            const uint32_t m_lo  = w1 & 0x3f3f3f3fu;
+            const uint32_t sc_hi = (w2 & 0x0f0f0f0fu) | (((w0 >> 6) & 0x03030303u) << 4);
+            const uint32_t m_hi  = ((w2 >> 4) & 0x0f0f0f0fu) | (((w1 >> 6) & 0x03030303u) << 4);
+            const __m128i  m8    = _mm_cvtsi64_si128(int64_t(uint64_t(m_lo) | (uint64_t(m_hi) << 32)));
+            _mm256_storeu_ps(wmin + b * 8,
+                             _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(m8)), _mm256_set1_ps(dmin)));
+            const __m256i sc = _mm256_broadcastsi128_si256(
+                _mm_cvtepu8_epi16(_mm_cvtsi64_si128(int64_t(uint64_t(sc_lo) | (uint64_t(sc_hi) << 32)))));
+            const uint8_t * qs = blk + (k == KQ::q4 ? 16 : 48);
+            __m256i         qh = _mm256_setzero_si256();
+            if constexpr (k == KQ::q5) qh = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(blk + 16));
+            DFLASH_UNROLL
+            for (int p = 0; p < 4; ++p) {
+                const __m256i qv = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(qs + 32 * p));
+                __m256i       lo = _mm256_and_si256(qv, m4);
+                __m256i       hi = _mm256_and_si256(_mm256_srli_epi16(qv, 4), m4);
+                if constexpr (k == KQ::q5) {
+                    const __m256i b0 = _mm256_set1_epi8(char(1 << (2 * p)));
+                    const __m256i b1 = _mm256_set1_epi8(char(1 << (2 * p + 1)));
+                    const __m256i x10 = _mm256_set1_epi8(0x10);
+                    lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, b0), b0), x10));
+                    hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, b1), b1), x10));
+                }
+                dot(s0, lo, pick(sc, 2 * p), 2 * p);
+                dot(s1, hi, pick(sc, 2 * p + 1), 2 * p + 1);
+            }
+        }
+        const __m256 dd = _mm256_mul_ps(_mm256_set1_ps(d), _mm256_broadcast_ss(da + b));
+        accf            = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(s0, s1)), dd, accf);
+    }
+    float r = hsum8(accf);
+    if constexpr (k != KQ::q6) {
+        const float * ds = reinterpret_cast<const float *>(arow + bs_off + (K / 16) * 2);
+        __m256        m  = _mm256_setzero_ps();
+        for (int64_t i = 0; i < nb * 8; i += 8) {
+            m = _mm256_fmadd_ps(_mm256_loadu_ps(wmin + i), _mm256_loadu_ps(ds + i), m);
+        }
+        r -= hsum8(m);
+    }
+    *out = r;
+}
+
 template <int kBlockBytes, KQ k>
 inline void group_dispatch(int G, const uint8_t * wr, int64_t nb, const uint8_t * const * arow, int64_t K,
                            float * wmin, float * out, Head & h, __m256 * accf) {
     switch (G) {
-        case 1: group_rows<1, kBlockBytes, k>(wr, nb, arow, K, wmin, out, h, accf); break;
+        case 1: one_row<kBlockBytes, k>(wr, nb, arow[0], K, wmin, out); break;
         case 2: group_rows<2, kBlockBytes, k>(wr, nb, arow, K, wmin, out, h, accf); break;
         case 3: group_rows<3, kBlockBytes, k>(wr, nb, arow, K, wmin, out, h, accf); break;
         case 4: group_rows<4, kBlockBytes, k>(wr, nb, arow, K, wmin, out, h, accf); break;

@@ -223,6 +223,20 @@ int selftest(const char * isa_s, int n_threads, int quick, std::string & report,
                         e_plug = std::memcmp(y_plug.data(), y_ours.data(), ny * sizeof(float)) == 0 ? 0.0 : 1.0;
                         pool.add(y_ours.data(), y_ggml.data(), y_scalar.data(), y_ref.data(), ny);
                         pass = pass && e_plug == 0.0;
+                        // a row's result may not depend on the batch it came in (the one-row
+                        // path is its own code): every row again alone, bit for bit
+                        if (n > 1) {
+                            std::vector<float> y_one(static_cast<size_t>(N));
+                            for (int64_t j = 0; j < n && pass; ++j) {
+                                our_matmul(tk, K, N, 1, wq.data(), x.data() + j * K, y_one.data());
+                                if (std::memcmp(y_one.data(), y_ours.data() + j * N, size_t(N) * sizeof(float)) != 0) {
+                                    pass = false;
+                                    snprintf(line, sizeof line, "FAIL %s K=%lld N=%lld rows=%lld: row %lld alone differs from its batch\n",
+                                             ggml_type_name(type), (long long) K, (long long) N, (long long) n, (long long) j);
+                                    report += line;
+                                }
+                            }
+                        }
                         // a single output of a few elements can nearly cancel (tiny norm): those
                         // cases are judged in the per-shape pool below
                         if (ny >= 64) {
