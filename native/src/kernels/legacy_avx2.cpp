@@ -38,16 +38,16 @@ template <Kind k> constexpr int block_bytes() {
     return k == Kind::q4_0 ? 18 : k == Kind::q4_1 ? 20 : k == Kind::q5_0 ? 22 : 34;
 }
 
-// nibbles of 16 bytes -> 32 unsigned bytes, low nibbles first
+// nibbles of 16 bytes -> 32 unsigned bytes, low nibbles first (the 16 bytes loaded into both
+// lanes, the high lane shifted by 4: three instructions)
 inline __m256i nibbles(const uint8_t * qs) {
-    const __m128i q  = _mm_loadu_si128(reinterpret_cast<const __m128i *>(qs));
-    const __m128i m4 = _mm_set1_epi8(0x0F);
-    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), m4), _mm_and_si128(q, m4));
+    const __m256i q = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i *>(qs)));
+    return _mm256_and_si256(_mm256_srlv_epi32(q, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4)), _mm256_set1_epi8(0x0F));
 }
 
-// bit l of a 32-bit word -> 0x10 in byte l
-inline __m256i bits_to_0x10(uint32_t qh) {
-    const __m256i v   = _mm256_set1_epi32(int(qh));
+// bit l of the 32-bit word at p -> 0x10 in byte l
+inline __m256i bits_to_0x10(const uint8_t * p) {
+    const __m256i v   = _mm256_castps_si256(_mm256_broadcast_ss(reinterpret_cast<const float *>(p)));
     const __m256i idx = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
                                          2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
     const __m256i bit = _mm256_set1_epi64x(0x8040201008040201LL);
@@ -64,9 +64,7 @@ inline __m256i unpack(const uint8_t * blk) {
     } else if constexpr (kKind == Kind::q4_1) {
         return nibbles(blk + 4);
     } else {
-        uint32_t qh;
-        std::memcpy(&qh, blk + 2, 4);
-        return _mm256_or_si256(nibbles(blk + 6), bits_to_0x10(qh));
+        return _mm256_or_si256(nibbles(blk + 6), bits_to_0x10(blk + 2));
     }
 }
 
@@ -86,28 +84,39 @@ inline void rows_block(__m256i w, float dw, const uint8_t * const * arow, int64_
     }
 }
 
+// coef[b]: the weight side of block b's offset term (Q4_0, Q5_0: the block scale, the -8 / -16
+// applied after the dot; Q4_1: the min), collected in the block loop (no second pass over the
+// block headers)
 template <int G, Kind kKind>
-inline void rows_all(const uint8_t * wr, int64_t nb, const uint8_t * const * arow, int64_t K, __m256 * accf) {
+inline void rows_all(const uint8_t * wr, int64_t nb, const uint8_t * const * arow, int64_t K, __m256 * accf,
+                     float * coef) {
     constexpr int kBytes = block_bytes<kKind>();
     DFLASH_UNROLL
     for (int g = 0; g < G; ++g) accf[g] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; ++b) {
         const uint8_t * blk = wr + b * kBytes;
-        rows_block<G, kKind>(unpack<kKind>(blk), h2f(blk), arow, K, b, accf);
+        const float     dw  = h2f(blk);
+        if constexpr (kKind == Kind::q4_1) {
+            coef[b] = h2f(blk + 2);
+        } else if constexpr (kKind != Kind::q8_0) {
+            coef[b] = dw;
+        }
+        rows_block<G, kKind>(unpack<kKind>(blk), dw, arow, K, b, accf);
     }
 }
 
 template <Kind kKind>
-inline void rows_dispatch(int G, const uint8_t * wr, int64_t nb, const uint8_t * const * arow, int64_t K, __m256 * accf) {
+inline void rows_dispatch(int G, const uint8_t * wr, int64_t nb, const uint8_t * const * arow, int64_t K, __m256 * accf,
+                          float * coef) {
     switch (G) {
-        case 1: rows_all<1, kKind>(wr, nb, arow, K, accf); break;
-        case 2: rows_all<2, kKind>(wr, nb, arow, K, accf); break;
-        case 3: rows_all<3, kKind>(wr, nb, arow, K, accf); break;
-        case 4: rows_all<4, kKind>(wr, nb, arow, K, accf); break;
-        case 5: rows_all<5, kKind>(wr, nb, arow, K, accf); break;
-        case 6: rows_all<6, kKind>(wr, nb, arow, K, accf); break;
-        case 7: rows_all<7, kKind>(wr, nb, arow, K, accf); break;
-        default: rows_all<8, kKind>(wr, nb, arow, K, accf); break;
+        case 1: rows_all<1, kKind>(wr, nb, arow, K, accf, coef); break;
+        case 2: rows_all<2, kKind>(wr, nb, arow, K, accf, coef); break;
+        case 3: rows_all<3, kKind>(wr, nb, arow, K, accf, coef); break;
+        case 4: rows_all<4, kKind>(wr, nb, arow, K, accf, coef); break;
+        case 5: rows_all<5, kKind>(wr, nb, arow, K, accf, coef); break;
+        case 6: rows_all<6, kKind>(wr, nb, arow, K, accf, coef); break;
+        case 7: rows_all<7, kKind>(wr, nb, arow, K, accf, coef); break;
+        default: rows_all<8, kKind>(wr, nb, arow, K, accf, coef); break;
     }
 }
 
@@ -124,47 +133,36 @@ inline float dot_f32(const float * x, const float * y, int64_t n) {
 
 template <Kind kKind>
 void matmul_legacy(const MatMulArgs & A) {
-    constexpr int   kBytes = block_bytes<kKind>();
-    const int64_t   nb     = A.K / 32;
+    const int64_t   nb = A.K / 32;
     const uint8_t * arow[kMaxRows];
     for (int j = 0; j < A.n; ++j) arow[j] = A.a + j * A.a_row_bytes;
     const int n_groups = (A.n + kGroup - 1) / kGroup;
-    // per-block weight coefficient of the activation block sums s_a (offset / min terms)
-    float coef[4096];
-    const bool has_coef = kKind != Kind::q8_0 && nb <= 4096;
+    float     coef_small[1024];
+    float *   coef     = coef_small;
+    float *   coef_big = nullptr;
+    if (nb > 1024) coef = coef_big = new float[size_t(nb)];
+    // Q4_0 / Q5_0: the offset -8 / -16 times the block scale; a power of two, so applying it after
+    // the dot gives the same bits as scaling each coefficient
+    constexpr float kOff = kKind == Kind::q4_0 ? -8.0f : kKind == Kind::q5_0 ? -16.0f : 1.0f;
     for (int64_t r = A.r0; r < A.r1; ++r) {
         const uint8_t * wr = A.w + r * A.w_row_bytes;
         __m256          accf[kMaxRows];
         int             j0 = 0;
         for (int gi = 0; gi < n_groups; ++gi) {
             const int G = (A.n - j0) / (n_groups - gi);
-            rows_dispatch<kKind>(G, wr, nb, arow + j0, A.K, accf + j0);
+            rows_dispatch<kKind>(G, wr, nb, arow + j0, A.K, accf + j0, coef);
             j0 += G;
         }
-        if constexpr (kKind == Kind::q8_0) {
-            for (int j = 0; j < A.n; ++j) A.c[j * A.c_row_floats + r] = hsum8(accf[j]);
-        } else {
-            if (has_coef) {
-                for (int64_t b = 0; b < nb; ++b) {
-                    const uint8_t * blk = wr + b * kBytes;
-                    coef[b] = kKind == Kind::q4_0 ? -8.0f * h2f(blk) : kKind == Kind::q5_0 ? -16.0f * h2f(blk) : h2f(blk + 2);
-                }
+        for (int j = 0; j < A.n; ++j) {
+            float r_j = hsum8(accf[j]);
+            if constexpr (kKind != Kind::q8_0) {
+                const float * sa = reinterpret_cast<const float *>(arow[j] + A.K + nb * 4);
+                r_j += kOff * dot_f32(coef, sa, nb);
             }
-            for (int j = 0; j < A.n; ++j) {
-                const float * sa   = reinterpret_cast<const float *>(arow[j] + A.K + nb * 4);
-                float         corr = 0.0f;
-                if (has_coef) {
-                    corr = dot_f32(coef, sa, nb);
-                } else {
-                    for (int64_t b = 0; b < nb; ++b) {
-                        const uint8_t * blk = wr + b * kBytes;
-                        corr += sa[b] * (kKind == Kind::q4_0 ? -8.0f * h2f(blk) : kKind == Kind::q5_0 ? -16.0f * h2f(blk) : h2f(blk + 2));
-                    }
-                }
-                A.c[j * A.c_row_floats + r] = hsum8(accf[j]) + corr;
-            }
+            A.c[j * A.c_row_floats + r] = r_j;
         }
     }
+    delete[] coef_big;
 }
 
 inline __m256 abs_ps(__m256 x) { return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), x); }
