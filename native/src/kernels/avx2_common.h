@@ -14,6 +14,14 @@
 #define DFLASH_UNROLL _Pragma("GCC unroll 16")
 #endif
 
+// An empty asm that claims to change a vector register: the compiler must keep the value there
+// and cannot reassociate the additions across it (no instruction is emitted).
+#if defined(__GNUC__) || defined(__clang__)
+#define DFLASH_PIN(v) __asm__("" : "+x"(v))
+#else
+#define DFLASH_PIN(v) ((void) 0)
+#endif
+
 namespace dflash::kern::avx2 {
 
 // sum of the 8 lanes

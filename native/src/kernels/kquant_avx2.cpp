@@ -144,6 +144,9 @@ inline void group_rows(const uint8_t * wr, int64_t nb, const uint8_t * const * a
             for (int g = 0; g < G; ++g) {
                 const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(arow[g] + qoff + 32 * c));
                 isum[g]         = _mm256_add_epi32(isum[g], _mm256_madd_epi16(_mm256_maddubs_epi16(w, a), s));
+                // keep each row's sum in its register: without this gcc adds the products of two
+                // sub-blocks first and spills the sums (20-30% slower at 8 rows)
+                DFLASH_PIN(isum[g]);
             }
         }
         const __m256 dv = _mm256_set1_ps(h.d);
