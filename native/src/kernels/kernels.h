@@ -23,6 +23,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 namespace dflash::kern {
 
@@ -147,6 +148,21 @@ inline void kq_scale_min(int j, const uint8_t * s, int & sc, int & m) {
         sc = (s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4);
         m  = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
     }
+}
+
+// The 12 scale bytes of a Q4_K / Q5_K super-block -> its 8 six-bit scales and 8 mins, one per
+// byte in sub-block order, with 32-bit word operations (shared by the SIMD paths)
+inline void kq_scale_min_bytes(const uint8_t * s, uint64_t & sc8, uint64_t & m8) {
+    uint32_t w0, w1, w2;
+    std::memcpy(&w0, s, 4);
+    std::memcpy(&w1, s + 4, 4);
+    std::memcpy(&w2, s + 8, 4);
+    const uint32_t sc_lo = w0 & 0x3f3f3f3fu;
+    const uint32_t m_lo  = w1 & 0x3f3f3f3fu;
+    const uint32_t sc_hi = (w2 & 0x0f0f0f0fu) | (((w0 >> 6) & 0x03030303u) << 4);
+    const uint32_t m_hi  = ((w2 >> 4) & 0x0f0f0f0fu) | (((w1 >> 6) & 0x03030303u) << 4);
+    sc8                  = uint64_t(sc_lo) | (uint64_t(sc_hi) << 32);
+    m8                   = uint64_t(m_lo) | (uint64_t(m_hi) << 32);
 }
 
 }  // namespace dflash::kern

@@ -41,16 +41,10 @@ struct alignas(32) Head {
 
 // The 12 scale bytes of Q4_K/Q5_K -> 8 scales and 8 mins, with 32-bit word operations.
 inline void kq_scales(const uint8_t * s, Head & h) {
-    uint32_t w0, w1, w2;
-    std::memcpy(&w0, s, 4);
-    std::memcpy(&w1, s + 4, 4);
-    std::memcpy(&w2, s + 8, 4);
-    const uint32_t sc_lo = w0 & 0x3f3f3f3fu;
-    const uint32_t m_lo  = w1 & 0x3f3f3f3fu;
-    const uint32_t sc_hi = (w2 & 0x0f0f0f0fu) | (((w0 >> 6) & 0x03030303u) << 4);
-    const uint32_t m_hi  = ((w2 >> 4) & 0x0f0f0f0fu) | (((w1 >> 6) & 0x03030303u) << 4);
-    const __m128i  scv   = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(int64_t(uint64_t(sc_lo) | (uint64_t(sc_hi) << 32))));
-    const __m128i  mv    = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(int64_t(uint64_t(m_lo) | (uint64_t(m_hi) << 32))));
+    uint64_t sc8, m8;
+    kq_scale_min_bytes(s, sc8, m8);
+    const __m128i scv = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(int64_t(sc8)));
+    const __m128i mv  = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(int64_t(m8)));
     _mm_store_si128(reinterpret_cast<__m128i *>(h.sc), scv);
     _mm256_store_si256(reinterpret_cast<__m256i *>(h.mexp),
                        _mm256_set_m128i(_mm_unpackhi_epi16(mv, mv), _mm_unpacklo_epi16(mv, mv)));
@@ -243,20 +237,11 @@ inline void one_row(const uint8_t * wr, int64_t nb, const uint8_t * arow, int64_
         } else {
             d                    = h2f(blk);
             const float     dmin = h2f(blk + 2);
-            const uint8_t * s    = blk + 4;
-            uint32_t        w0, w1, w2;
-            std::memcpy(&w0, s, 4);
-            std::memcpy(&w1, s + 4, 4);
-            std::memcpy(&w2, s + 8, 4);
-            const uint32_t sc_lo = w0 & 0x3f3f3f3fu;
-            const uint32_t m_lo  = w1 & 0x3f3f3f3fu;
-            const uint32_t sc_hi = (w2 & 0x0f0f0f0fu) | (((w0 >> 6) & 0x03030303u) << 4);
-            const uint32_t m_hi  = ((w2 >> 4) & 0x0f0f0f0fu) | (((w1 >> 6) & 0x03030303u) << 4);
-            const __m128i  m8    = _mm_cvtsi64_si128(int64_t(uint64_t(m_lo) | (uint64_t(m_hi) << 32)));
-            _mm256_storeu_ps(wmin + b * 8,
-                             _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(m8)), _mm256_set1_ps(dmin)));
-            const __m256i sc = _mm256_broadcastsi128_si256(
-                _mm_cvtepu8_epi16(_mm_cvtsi64_si128(int64_t(uint64_t(sc_lo) | (uint64_t(sc_hi) << 32)))));
+            uint64_t        sc8, m8;
+            kq_scale_min_bytes(blk + 4, sc8, m8);
+            _mm256_storeu_ps(wmin + b * 8, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(int64_t(m8)))),
+                                                         _mm256_set1_ps(dmin)));
+            const __m256i sc = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(int64_t(sc8))));
             const uint8_t * qs = blk + (k == KQ::q4 ? 16 : 48);
             __m256i         qh = _mm256_setzero_si256();
             if constexpr (k == KQ::q5) qh = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(blk + 16));

@@ -33,20 +33,6 @@ namespace {
 
 enum class KQ { q4, q5, q6 };
 
-// The 12 scale bytes of Q4_K/Q5_K -> 8 scales and 8 mins (bytes), with 32-bit word operations.
-inline void kq_scales(const uint8_t * s, uint64_t & sc8, uint64_t & m8) {
-    uint32_t w0, w1, w2;
-    std::memcpy(&w0, s, 4);
-    std::memcpy(&w1, s + 4, 4);
-    std::memcpy(&w2, s + 8, 4);
-    const uint32_t sc_lo = w0 & 0x3f3f3f3fu;
-    const uint32_t m_lo  = w1 & 0x3f3f3f3fu;
-    const uint32_t sc_hi = (w2 & 0x0f0f0f0fu) | (((w0 >> 6) & 0x03030303u) << 4);
-    const uint32_t m_hi  = ((w2 >> 4) & 0x0f0f0f0fu) | (((w1 >> 6) & 0x03030303u) << 4);
-    sc8                  = uint64_t(sc_lo) | (uint64_t(sc_hi) << 32);
-    m8                   = uint64_t(m_lo) | (uint64_t(m_hi) << 32);
-}
-
 // Per super-block weight state shared by the rows of a group.
 struct Head {
     __m512i         sc16;  // the 8 (Q4_K/Q5_K) or 16 (Q6_K) scales as int16 in lanes 0..15
@@ -68,7 +54,7 @@ inline void head(const uint8_t * blk, Head & h, float * wmin) {
         h.d              = h2f(blk);
         const float dmin = h2f(blk + 2);
         uint64_t    sc8, m8;
-        kq_scales(blk + 4, sc8, m8);
+        kq_scale_min_bytes(blk + 4, sc8, m8);
         h.sc16 = _mm512_zextsi128_si512(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(int64_t(sc8))));
         // mins -> dmin * m as 8 floats, for the per-row float dot after the block loop
         const __m256 mf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(int64_t(m8))));

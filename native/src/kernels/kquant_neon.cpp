@@ -50,16 +50,10 @@ struct Head {
 
 // The 12 scale bytes of Q4_K/Q5_K -> 8 scales, 8 mins (bytes, sub-block order), 32-bit word ops.
 inline void kq_scales(const uint8_t * s, uint8x8_t & sc, uint8x8_t & m) {
-    uint32_t w0, w1, w2;
-    std::memcpy(&w0, s, 4);
-    std::memcpy(&w1, s + 4, 4);
-    std::memcpy(&w2, s + 8, 4);
-    const uint32_t sc_lo = w0 & 0x3f3f3f3fu;
-    const uint32_t m_lo  = w1 & 0x3f3f3f3fu;
-    const uint32_t sc_hi = (w2 & 0x0f0f0f0fu) | (((w0 >> 6) & 0x03030303u) << 4);
-    const uint32_t m_hi  = ((w2 >> 4) & 0x0f0f0f0fu) | (((w1 >> 6) & 0x03030303u) << 4);
-    sc = vcreate_u8(uint64_t(sc_lo) | (uint64_t(sc_hi) << 32));
-    m  = vcreate_u8(uint64_t(m_lo) | (uint64_t(m_hi) << 32));
+    uint64_t sc8, m8;
+    kq_scale_min_bytes(s, sc8, m8);
+    sc = vcreate_u8(sc8);
+    m  = vcreate_u8(m8);
 }
 
 // Decode a super-block's header; Q4_K/Q5_K also write dmin * m for its 8 sub-blocks to wmin.
