@@ -68,25 +68,44 @@ inline __m256i unpack(const uint8_t * blk) {
     }
 }
 
-template <int G, Kind kKind>
-inline void rows_block(__m256i w, float dw, const uint8_t * const * arow, int64_t K, int64_t b, __m256 * accf) {
-    const __m256i ones = _mm256_set1_epi16(1);
-    __m256i       wu   = w;
-    if constexpr (kKind == Kind::q8_0) wu = _mm256_sign_epi8(w, w);  // |w|
-    const __m256 dwv = _mm256_set1_ps(dw);
-    DFLASH_UNROLL
-    for (int g = 0; g < G; ++g) {
-        __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(arow[g] + b * 32));
-        if constexpr (kKind == Kind::q8_0) a = _mm256_sign_epi8(a, w);
-        const __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(wu, a), ones);
-        const float   da  = reinterpret_cast<const float *>(arow[g] + K)[b];
-        accf[g]           = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(dot), dwv), _mm256_set1_ps(da), accf[g]);
-    }
+// int32 lanes of one block's dot: w unpacked (wu = |w| for Q8_0, whose sign moves onto a)
+template <Kind kKind>
+inline __m256i block_dot(__m256i w, __m256i wu, __m256i a) {
+    if constexpr (kKind == Kind::q8_0) a = _mm256_sign_epi8(a, w);
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(wu, a), _mm256_set1_epi16(1));
+}
+
+template <Kind kKind>
+inline __m256i unsigned_side(__m256i w) {
+    if constexpr (kKind == Kind::q8_0) return _mm256_sign_epi8(w, w);  // |w|
+    return w;
 }
 
 // coef[b]: the weight side of block b's offset term (Q4_0, Q5_0: the block scale, the -8 / -16
 // applied after the dot; Q4_1: the min), collected in the block loop (no second pass over the
 // block headers)
+template <Kind kKind>
+inline void take_coef(const uint8_t * blk, float dw, float * coef, int64_t b) {
+    if constexpr (kKind == Kind::q4_1) {
+        coef[b] = h2f(blk + 2);
+    } else if constexpr (kKind != Kind::q8_0) {
+        coef[b] = dw;
+    }
+}
+
+template <int G, Kind kKind>
+inline void rows_block(__m256i w, float dw, const uint8_t * const * arow, int64_t K, int64_t b, __m256 * accf) {
+    const __m256i wu  = unsigned_side<kKind>(w);
+    const __m256  dwv = _mm256_set1_ps(dw);
+    DFLASH_UNROLL
+    for (int g = 0; g < G; ++g) {
+        const __m256i a   = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(arow[g] + b * 32));
+        const __m256i dot = block_dot<kKind>(w, wu, a);
+        const float   da  = reinterpret_cast<const float *>(arow[g] + K)[b];
+        accf[g]           = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(dot), dwv), _mm256_set1_ps(da), accf[g]);
+    }
+}
+
 template <int G, Kind kKind>
 inline void rows_all(const uint8_t * wr, int64_t nb, const uint8_t * const * arow, int64_t K, __m256 * accf,
                      float * coef) {
@@ -96,11 +115,7 @@ inline void rows_all(const uint8_t * wr, int64_t nb, const uint8_t * const * aro
     for (int64_t b = 0; b < nb; ++b) {
         const uint8_t * blk = wr + b * kBytes;
         const float     dw  = h2f(blk);
-        if constexpr (kKind == Kind::q4_1) {
-            coef[b] = h2f(blk + 2);
-        } else if constexpr (kKind != Kind::q8_0) {
-            coef[b] = dw;
-        }
+        take_coef<kKind>(blk, dw, coef, b);
         rows_block<G, kKind>(unpack<kKind>(blk), dw, arow, K, b, accf);
     }
 }
@@ -139,37 +154,25 @@ template <Kind kKind>
 inline void two_weight_rows(const uint8_t * w0, const uint8_t * w1, int64_t nb, const uint8_t * arow, int64_t K,
                             float * coef0, float * coef1, __m256 & acc0, __m256 & acc1) {
     constexpr int kBytes = block_bytes<kKind>();
-    const __m256i ones   = _mm256_set1_epi16(1);
     const float * da     = reinterpret_cast<const float *>(arow + K);
     const int64_t ahead  = 2 * (w1 - w0);
     acc0 = _mm256_setzero_ps();
     acc1 = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; ++b) {
-        const uint8_t * b0  = w0 + b * kBytes;
-        const uint8_t * b1  = w1 + b * kBytes;
+        const uint8_t * b0 = w0 + b * kBytes;
+        const uint8_t * b1 = w1 + b * kBytes;
         // two interleaved streams: the hardware prefetcher alone falls behind (measured); fetch
         // the next pair's bytes at the same offset
         _mm_prefetch(reinterpret_cast<const char *>(b0 + ahead), _MM_HINT_T0);
         _mm_prefetch(reinterpret_cast<const char *>(b1 + ahead), _MM_HINT_T0);
-        const float     dw0 = h2f(b0), dw1 = h2f(b1);
-        if constexpr (kKind == Kind::q4_1) {
-            coef0[b] = h2f(b0 + 2);
-            coef1[b] = h2f(b1 + 2);
-        } else if constexpr (kKind != Kind::q8_0) {
-            coef0[b] = dw0;
-            coef1[b] = dw1;
-        }
-        const __m256i q0 = unpack<kKind>(b0), q1 = unpack<kKind>(b1);
-        const __m256i a  = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(arow + b * 32));
-        __m256i       d0, d1;
-        if constexpr (kKind == Kind::q8_0) {
-            d0 = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(q0, q0), _mm256_sign_epi8(a, q0)), ones);
-            d1 = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(q1, q1), _mm256_sign_epi8(a, q1)), ones);
-        } else {
-            d0 = _mm256_madd_epi16(_mm256_maddubs_epi16(q0, a), ones);
-            d1 = _mm256_madd_epi16(_mm256_maddubs_epi16(q1, a), ones);
-        }
-        const __m256 dav = _mm256_set1_ps(da[b]);
+        const float dw0 = h2f(b0), dw1 = h2f(b1);
+        take_coef<kKind>(b0, dw0, coef0, b);
+        take_coef<kKind>(b1, dw1, coef1, b);
+        const __m256i q0  = unpack<kKind>(b0), q1 = unpack<kKind>(b1);
+        const __m256i a   = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(arow + b * 32));
+        const __m256i d0  = block_dot<kKind>(q0, unsigned_side<kKind>(q0), a);
+        const __m256i d1  = block_dot<kKind>(q1, unsigned_side<kKind>(q1), a);
+        const __m256  dav = _mm256_set1_ps(da[b]);
         acc0 = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(d0), _mm256_set1_ps(dw0)), dav, acc0);
         acc1 = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(d1), _mm256_set1_ps(dw1)), dav, acc1);
     }
@@ -191,7 +194,7 @@ void matmul_legacy(const MatMulArgs & A) {
     int64_t         r0   = A.r0;
     if (A.n == 1 && nb <= 512) {
         const float * sa = reinterpret_cast<const float *>(arow[0] + A.K + nb * 4);
-        float *       c1 = coef + 512;
+        float *       c1 = coef_small + 512;  // nb <= 512: the second weight row's coefficients
         for (; r0 + 2 <= A.r1; r0 += 2) {
             __m256 acc0, acc1;
             two_weight_rows<kKind>(A.w + r0 * A.w_row_bytes, A.w + (r0 + 1) * A.w_row_bytes, nb, arow[0], A.K, coef,
