@@ -8,7 +8,9 @@ alternates), so the ratios come from the same minutes of the same machine; media
     python benchmarks/verify_kernels.py -m qwen2.5-coder-1.5b -t 2 --k-max 16 --rounds 7
 
 Stock = a target loaded with PYDFLASH_KERNELS=0 (ggml's kernels, REPACK included); ours = loaded
-with the kernels on. Also reported: plain decode tok/s and prefill tok/s of both.
+with the kernels on (our mat-muls and our attention). --attn-ab adds a third mode, "ours_ggml_attn":
+the same target as "ours" with ggml's flash attention (kernels.set_attention(False)), which shows
+what the attention kernel alone brings. Also reported: plain decode tok/s and prefill tok/s.
 """
 
 from __future__ import annotations
@@ -48,12 +50,19 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--prefill", type=int, default=256, help="prefill length timed (0 = skip)")
     ap.add_argument("--out", default="", help="write the JSON result here")
+    ap.add_argument("--attn-ab", action="store_true", help="also time ours with ggml's attention")
     args = ap.parse_args()
 
     ks = [int(x) for x in args.ks.split(",")] if args.ks else list(range(1, args.k_max + 1))
     n_ctx = args.n_context + max(ks) + 64
     targets = {"stock": load(args.model, False, max(n_ctx, args.prefill + 8), args.threads),
                "ours": load(args.model, True, max(n_ctx, args.prefill + 8), args.threads)}
+    modes = list(targets) + (["ours_ggml_attn"] if args.attn_ab else [])
+
+    def target_of(mode: str) -> Target:
+        lib.dflash_kernels_set_attention(mode != "ours_ggml_attn")
+        return targets["ours" if mode == "ours_ggml_attn" else mode]
+
     t0 = targets["stock"]
     n_layer = t0.info.n_layer
     taps = sorted({1, n_layer // 4, n_layer // 2, (3 * n_layer) // 4, n_layer - 2})
@@ -81,17 +90,20 @@ def main() -> None:
         t.rollback(args.n_context)
         return dt
 
-    times: dict[str, dict[str, list[float]]] = {m: {"plain": [], **{str(k): [] for k in ks}} for m in targets}
-    for t in targets.values():  # warm up every shape
-        plain(t)
+    times: dict[str, dict[str, list[float]]] = {m: {"plain": [], **{str(k): [] for k in ks}} for m in modes}
+    for m in modes:  # warm up every shape
+        plain(target_of(m))
         for k in ks:
-            verify(t, k)
+            verify(target_of(m), k)
     for rnd in range(args.rounds):
-        order = ["stock", "ours"] if rnd % 2 == 0 else ["ours", "stock"]
+        order = modes[rnd % len(modes):] + modes[: rnd % len(modes)]
+        if rnd % 2:
+            order.reverse()
         for k in ["plain"] + ks:
             for m in order:
-                t = targets[m]
+                t = target_of(m)
                 times[m][str(k)].append(plain(t) if k == "plain" else verify(t, int(k)))
+    lib.dflash_kernels_set_attention(True)
 
     prefill: dict[str, float] = {}
     if args.prefill:
@@ -115,11 +127,11 @@ def main() -> None:
         "kernels_isa": ffi.string(lib.dflash_kernels_isa()).decode(),
         "cpu": platform.processor() or platform.machine(),
         "loadavg_start": os.getloadavg()[0],
-        "t1_ms": {m: round(1000 * med[m]["plain"], 2) for m in targets},
-        "plain_tok_s": {m: round(1 / med[m]["plain"], 1) for m in targets},
+        "t1_ms": {m: round(1000 * med[m]["plain"], 2) for m in modes},
+        "plain_tok_s": {m: round(1 / med[m]["plain"], 1) for m in modes},
         "prefill_tok_s": prefill,
-        "c": {m: {k: round(med[m][str(k)] / med[m]["plain"], 3) for k in ks} for m in targets},
-        "verify_ms": {m: {k: round(1000 * med[m][str(k)], 2) for k in ks} for m in targets},
+        "c": {m: {k: round(med[m][str(k)] / med[m]["plain"], 3) for k in ks} for m in modes},
+        "verify_ms": {m: {k: round(1000 * med[m][str(k)], 2) for k in ks} for m in modes},
     }
     print(f"{args.model}: {args.threads} threads, {args.n_context} tokens of context, kernels "
           f"{result['kernels_isa']}, medians of {args.rounds} interleaved rounds")
@@ -127,10 +139,12 @@ def main() -> None:
           f"ours {result['t1_ms']['ours']} ms ({result['plain_tok_s']['ours']} tok/s)")
     if prefill:
         print(f"prefill {args.prefill}: stock {prefill['stock']} tok/s, ours {prefill['ours']} tok/s")
-    print("   k   c_stock   c_ours   verify_ms stock / ours")
+    if args.attn_ab:
+        print(f"plain step, ours with ggml's attention: {result['t1_ms']['ours_ggml_attn']} ms")
+    print("   k   " + "  ".join(f"c_{m}" for m in modes) + "   verify_ms " + " / ".join(modes))
     for k in ks:
-        print(f"{k:4d}   {result['c']['stock'][k]:7.2f}  {result['c']['ours'][k]:7.2f}   "
-              f"{result['verify_ms']['stock'][k]:8.2f} / {result['verify_ms']['ours'][k]:8.2f}")
+        print(f"{k:4d}   " + "  ".join(f"{result['c'][m][k]:{len(m) + 2}.2f}" for m in modes) + "   "
+              + " / ".join(f"{result['verify_ms'][m][k]:.2f}" for m in modes))
     if args.out:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1)

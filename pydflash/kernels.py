@@ -5,14 +5,15 @@ Q4_1/Q4_0 mat-mul weights in the kernels' ggml-cpu buffer type; batches of up to
 PYDFLASH_KERNELS_MAX_ROWS rows (default 64) then run through them, everything else through
 ggml's kernels. Unset or ``PYDFLASH_KERNELS=0``: ggml's own kernels for models loaded afterwards,
 ``PYDFLASH_KERNELS_ISA=scalar|avx2|avx512|neon`` forces a code path (default: the best the CPU
-has: avx512 = AVX-512 VNNI, neon = arm64 dot-product).
+has: avx512 = AVX-512 VNNI, neon = arm64 dot-product). Those models' attention (fp16 KV cache)
+runs through our multi-query kernel unless ``PYDFLASH_KERNELS_ATTN=0`` / ``set_attention(False)``.
 """
 
 from __future__ import annotations
 
 from ._bindings import check, ffi, lib
 
-__all__ = ["active", "isa", "best_isa", "available_isas", "set_isa", "selftest"]
+__all__ = ["active", "isa", "best_isa", "available_isas", "set_isa", "set_attention", "selftest"]
 
 ISAS = ("scalar", "avx2", "avx512", "neon")
 
@@ -41,6 +42,12 @@ def set_isa(name: str) -> None:
     """Force a code path (one of available_isas(), or "auto" = best) for the mat-muls from now on.
     UnsupportedError if this CPU/build lacks it."""
     check(lib.dflash_kernels_set_isa(name.encode()))
+
+
+def set_attention(on: bool) -> None:
+    """Our multi-query attention (on, the default unless ``PYDFLASH_KERNELS_ATTN=0``) or ggml's
+    (off) for the models that use the kernels, from the next decode on."""
+    lib.dflash_kernels_set_attention(bool(on))
 
 
 def selftest(isa: str = "auto", n_threads: int = 1, quick: bool = False) -> tuple[int, float, str]:

@@ -124,6 +124,32 @@ def test_verify_rows_equal_one_by_one_decoding(model, request):
         t.close()
 
 
+@pytest.mark.parametrize("model", ["smollm2_path", "qwen05_path"])
+def test_verify_rows_equal_one_by_one_decoding_past_512_positions(model, request):
+    """Past 512 cached positions ggml's flash attention computes a one-row step another way than a
+    batch (it splits the cache over the threads only for one row), so with ggml's attention a
+    verify batch and one-by-one decoding differ in their low bits; our attention computes every
+    query the same way whatever the batch and the cache length."""
+    t = _load(request.getfixturevalue(model), True)
+    try:
+        text = "def add(a, b):\n    return a + b\n\n" * 80
+        prompt = t.tokenize(text)[:600]
+        assert len(prompt) == 600
+        block = t.tokenize("    def push(self, x):\n        self.items.append(x)\n")[:8]
+        t.decode(prompt[:300])
+        t.decode(prompt[300:])
+        t.decode(block, all_logits=True)
+        batch = np.stack([t.logits(i) for i in range(len(block))])
+        t.rollback(len(prompt))
+        seq = []
+        for tok in block:
+            t.decode([tok])
+            seq.append(t.logits())
+        assert np.array_equal(batch, np.stack(seq))
+    finally:
+        t.close()
+
+
 @pytest.mark.parametrize("isa", ISAS)
 def test_forced_isa_gives_the_same_greedy_text(smollm2_path, isa):
     if not _available(isa):

@@ -106,6 +106,9 @@ dflash_status dflash_add_rpc_server(const char * endpoint);
  * mat-mul weights there; other weights and shapes run through ggml's own kernels.
  * Environment: PYDFLASH_KERNELS=0 (off for models loaded from then on), PYDFLASH_KERNELS_ISA=
  * scalar|avx2|avx512|neon|auto, PYDFLASH_KERNELS_MAX_ROWS=N (larger batches go to ggml; default 64).
+ * The attention of those models (fp16 KV cache, up to that many tokens) runs through our
+ * multi-query kernel too: every query sharing a KV head in one pass over the cache, each row
+ * bit-identical whatever the batch; PYDFLASH_KERNELS_ATTN=0 leaves it to ggml.
  * ------------------------------------------------------------------------------------------- */
 
 /* Whether a model loaded now would use them (registered with ggml-cpu and not switched off). */
@@ -122,6 +125,10 @@ bool dflash_kernels_isa_available(const char * isa);
 /* Force an ISA for the mat-muls from now on (one of the above or "auto" = best), for tests and
  * comparisons. DFLASH_ERR_UNSUPPORTED if this CPU/build lacks it (nothing changes then). */
 dflash_status dflash_kernels_set_isa(const char * isa);
+
+/* Our attention for the models that use the kernels from now on (true, the default unless
+ * PYDFLASH_KERNELS_ATTN=0) or ggml's (false), for comparisons. */
+void dflash_kernels_set_attention(bool on);
 
 /* Check every kernel of `isa` ("auto" = best) against ggml's own CPU mat-mul on the same tensors
  * (NMSE <= 5e-4) and a float64 dequantize-and-multiply reference, for all row counts 1..16 (and

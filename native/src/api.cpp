@@ -130,6 +130,8 @@ bool dflash_kernels_isa_available(const char * isa) {
     return isa && dflash::kern::parse_isa(isa, &want) && dflash::kern::isa_available(want);
 }
 
+void dflash_kernels_set_attention(bool on) { dflash::kern::set_attention(on ? 2 : 0); }
+
 dflash_status dflash_kernels_set_isa(const char * isa) {
     return guarded([&] {
         require(isa != nullptr, "isa is NULL");

@@ -15,8 +15,15 @@
 //   PYDFLASH_KERNELS=0|off      new models' weights are not placed in our buffer (stock ggml)
 //   PYDFLASH_KERNELS_ISA=...    scalar | avx2 | avx512 | neon | auto (dispatch.cpp)
 //   PYDFLASH_KERNELS_MAX_ROWS=N activation-row batches above N go to ggml's kernels (default 64)
+//   PYDFLASH_KERNELS_ATTN=0|off the attention of our models stays ggml's (attention.h)
+//
+// Attention: ggml-cpu asks every extra buffer type for tensor traits of EVERY op it computes
+// (traits.cpp), not just of ops on our weights, so FLASH_ATTN_EXT can be ours although the KV cache
+// is llama.cpp's. We take it only for models whose weights are in our buffer: the Q input is
+// traced back to the mat-mul that made it (attention_is_ours).
 #include "kernels_backend.h"
 
+#include "attention.h"
 #include "kernels.h"
 
 #include "ggml-backend-impl.h"
@@ -40,6 +47,8 @@ namespace {
 std::atomic<int> g_placement{-1};  // -1: follow PYDFLASH_KERNELS; 0 off; 1 on
 std::atomic<int> g_max_rows{-1};
 std::atomic<bool> g_legacy_single{true};  // tests: run one-row legacy mat-muls in our kernels too
+// -1: our models' attention unless PYDFLASH_KERNELS_ATTN=0; 0 off; 1 every covered op; 2 our models'
+std::atomic<int> g_attention{-1};
 
 int max_rows() {
     int v = g_max_rows.load(std::memory_order_relaxed);
@@ -88,6 +97,46 @@ size_t ggml_own_wsize(int n_threads, const ggml_tensor * op) {
     cur = (cur + 63) & ~size_t(63);
     return cur + ggml_tiled_wdata_size(n_threads, const_cast<ggml_tensor *>(op));
 }
+
+bool attention_env_on() {
+    static const bool on = [] {
+        const char * env = std::getenv("PYDFLASH_KERNELS_ATTN");
+        return !(env && (strcmp(env, "0") == 0 || strcmp(env, "off") == 0 || strcmp(env, "false") == 0 ||
+                         strcmp(env, "no") == 0));
+    }();
+    return on;
+}
+
+// Q comes from a mat-mul through views, reshapes, RoPE and bias adds, all of which keep their
+// main input in src[0]: the attention is our model's if that mat-mul's weight is in our buffer.
+bool from_our_model(const ggml_tensor * t) {
+    for (int depth = 0; t && depth < 16; ++depth, t = t->src[0]) {
+        if (t->op == GGML_OP_MUL_MAT) return in_our_buffer(t->src[0]);
+    }
+    return false;
+}
+
+bool attention_is_ours(const ggml_tensor * op) {
+    if (op->op != GGML_OP_FLASH_ATTN_EXT) return false;
+    const int mode = g_attention.load(std::memory_order_relaxed);
+    if (mode == 0 || (mode < 0 && !attention_env_on())) return false;
+    if (!attn_shape_covered(op, max_rows())) return false;
+    return mode == 1 || from_our_model(op->src[0]);
+}
+
+class AttnTraits final : public ggml::cpu::tensor_traits {
+  public:
+    bool work_size(int n_threads, const ggml_tensor * op, size_t & size) override {
+        size = attn_work_size(n_threads, op);
+        return true;
+    }
+    bool compute_forward(ggml_compute_params * params, ggml_tensor * op) override {
+        attn_compute(params, op);
+        return true;
+    }
+};
+
+AttnTraits g_attn_traits;
 
 class Traits final : public ggml::cpu::tensor_traits {
   public:
@@ -181,6 +230,7 @@ class Extra final : public ggml::cpu::extra_buffer_type {
 
     ggml::cpu::tensor_traits * get_tensor_traits(const ggml_tensor * op) override {
         if (op->op == GGML_OP_MUL_MAT && in_our_buffer(op->src[0])) return &g_traits;
+        if (attention_is_ours(op)) return &g_attn_traits;
         return nullptr;
     }
 };
@@ -225,6 +275,7 @@ bool placement_enabled() {
 void set_placement(int mode) { g_placement.store(mode < 0 ? -1 : (mode ? 1 : 0)); }
 void set_max_rows(int n) { g_max_rows.store(n); }
 void set_legacy_single_row(bool on) { g_legacy_single.store(on); }
+void set_attention(int mode) { g_attention.store(mode < 0 || mode > 2 ? -1 : mode); }
 
 ggml_backend_buffer_type_t buffer_type() { return our_buft(); }
 

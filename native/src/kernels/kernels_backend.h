@@ -23,6 +23,11 @@ void set_max_rows(int n);
 // that off to check our path.
 void set_legacy_single_row(bool on);
 
+// Our attention (attention.h): mode -1 = for the models whose weights are in our buffer unless
+// PYDFLASH_KERNELS_ATTN=0 (default), 0 = never, 1 = every FLASH_ATTN_EXT we cover (self-test),
+// 2 = for the models whose weights are in our buffer.
+void set_attention(int mode);
+
 ggml_backend_buffer_type_t buffer_type();
 
 // Checks every covered type against ggml's CPU mat-mul and a float64 reference (selftest.cpp).

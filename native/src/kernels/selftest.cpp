@@ -121,6 +121,8 @@ void our_matmul(const TypeKernels * tk, int64_t K, int64_t N, int64_t n, const u
 
 }  // namespace
 
+int attn_selftest(Isa isa, ggml_backend_t cpu, int n_threads, int quick, std::string & report, double & worst);
+
 int selftest(const char * isa_s, int n_threads, int quick, std::string & report, double & worst) {
     Isa isa = best_isa();
     if (isa_s && *isa_s && strcmp(isa_s, "auto") != 0) {
@@ -279,6 +281,9 @@ int selftest(const char * isa_s, int n_threads, int quick, std::string & report,
                  ggml_type_name(type), isa_name(isa), n_threads, cases, type_fail, w_ggml, w_ref, w_gref, w_isa, w_plug);
         report += line;
     }
+    double worst_attn = 0.0;
+    failures += attn_selftest(isa, cpu, n_threads, quick, report, worst_attn);
+    worst = std::max(worst, worst_attn);
     set_isa(prev);
     set_max_rows(saved_rows);
     set_legacy_single_row(true);
