@@ -76,6 +76,11 @@ float * aligned(void * p) {
 
 const float kNegInf = -std::numeric_limits<float>::infinity();
 
+// llama.cpp's masks are 0 (visible) or -inf (hidden) almost everywhere: those without a call
+inline float mask_value(uint16_t h) {
+    return h == 0 ? 0.0f : h == 0xFC00 ? kNegInf : half_to_float(h);
+}
+
 }  // namespace
 
 bool attn_shape_covered(const ggml_tensor * op, int max_rows) {
@@ -198,7 +203,7 @@ void attn_compute(const ggml_compute_params * params, ggml_tensor * op) {
             for (int jj = 0; jj < nj; ++jj) {
                 float * mr = mbuf + jj * qp;
                 for (int i = 0; i < nq; ++i) {
-                    mr[i] = mrow[i] ? half_to_float(mrow[i][j0 + jj]) : 0.0f;
+                    mr[i] = mrow[i] ? mask_value(mrow[i][j0 + jj]) : 0.0f;
                     any |= mr[i] != kNegInf;
                 }
                 for (int i = nq; i < qp; ++i) mr[i] = 0.0f;
