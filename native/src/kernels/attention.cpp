@@ -54,9 +54,10 @@ Shape shape_of(const ggml_tensor * op) {
     s.ne3    = q->ne[3];
     s.rk3    = q->ne[3] / k->ne[3];
     s.nqc    = (s.g * s.N + kAttnQueries - 1) / kAttnQueries;
-    // positions the cache holds (k is a view of it): at most ~8 chunks of a full cache
+    // positions the cache holds (k is a view of it): chunks of 512 positions, at most ~16 for a
+    // full cache (one token's attention still spreads over up to 16 x n_kv_heads threads)
     const int64_t cap = k->view_src ? int64_t(ggml_nbytes(k->view_src) / k->nb[1]) : s.n_kv;
-    const int64_t kc  = ((cap + 7) / 8 + kAttnBlock - 1) / kAttnBlock * kAttnBlock;
+    const int64_t kc  = ((cap + 15) / 16 + kAttnBlock - 1) / kAttnBlock * kAttnBlock;
     s.kc              = std::max<int64_t>(512, kc);
     s.C               = (s.n_kv + s.kc - 1) / s.kc;
     s.units           = s.ne3 * s.n_kvh * s.nqc * s.C;
