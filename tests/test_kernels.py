@@ -102,6 +102,19 @@ def test_verify_batch_logits_match_the_stock_path(model, request):
         ours.close()
 
 
+def _batch_and_one_by_one(t, n_past: int, block: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """Logits of `block` decoded as one verify batch and one token at a time after the n_past
+    tokens the target holds."""
+    t.decode(block, all_logits=True)
+    batch = np.stack([t.logits(i) for i in range(len(block))])
+    t.rollback(n_past)
+    seq = []
+    for tok in block:
+        t.decode([tok])
+        seq.append(t.logits())
+    return batch, np.stack(seq)
+
+
 @pytest.mark.parametrize("model", ["smollm2_path", "qwen05_path"])
 def test_verify_rows_equal_one_by_one_decoding(model, request):
     """With the kernels every row is computed alone (same quantization, same order, whatever the
@@ -112,14 +125,8 @@ def test_verify_rows_equal_one_by_one_decoding(model, request):
         prompt = t.tokenize("class Stack:\n    def __init__(self):\n        self.items = []\n")
         block = t.tokenize("    def push(self, x):\n        self.items.append(x)\n")[:10]
         t.decode(prompt)
-        t.decode(block, all_logits=True)
-        batch = np.stack([t.logits(i) for i in range(len(block))])
-        t.rollback(len(prompt))
-        seq = []
-        for tok in block:
-            t.decode([tok])
-            seq.append(t.logits())
-        assert np.array_equal(batch, np.stack(seq))
+        batch, seq = _batch_and_one_by_one(t, len(prompt), block)
+        assert np.array_equal(batch, seq)
     finally:
         t.close()
 
@@ -132,20 +139,13 @@ def test_verify_rows_equal_one_by_one_decoding_past_512_positions(model, request
     query the same way whatever the batch and the cache length."""
     t = _load(request.getfixturevalue(model), True)
     try:
-        text = "def add(a, b):\n    return a + b\n\n" * 80
-        prompt = t.tokenize(text)[:600]
+        prompt = t.tokenize("def add(a, b):\n    return a + b\n\n" * 80)[:600]
         assert len(prompt) == 600
         block = t.tokenize("    def push(self, x):\n        self.items.append(x)\n")[:8]
-        t.decode(prompt[:300])
+        t.decode(prompt[:300])  # the batch size is 512
         t.decode(prompt[300:])
-        t.decode(block, all_logits=True)
-        batch = np.stack([t.logits(i) for i in range(len(block))])
-        t.rollback(len(prompt))
-        seq = []
-        for tok in block:
-            t.decode([tok])
-            seq.append(t.logits())
-        assert np.array_equal(batch, np.stack(seq))
+        batch, seq = _batch_and_one_by_one(t, len(prompt), block)
+        assert np.array_equal(batch, seq)
     finally:
         t.close()
 

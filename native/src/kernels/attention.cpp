@@ -54,11 +54,13 @@ Shape shape_of(const ggml_tensor * op) {
     s.ne3    = q->ne[3];
     s.rk3    = q->ne[3] / k->ne[3];
     s.nqc    = (s.g * s.N + kAttnQueries - 1) / kAttnQueries;
-    // positions the cache holds (k is a view of it): chunks of 512 positions, at most ~16 for a
-    // full cache (one token's attention still spreads over up to 16 x n_kv_heads threads)
+    // positions the cache holds (k is a view of it): chunks of 256 positions, at most ~16 for a
+    // full cache; one token's attention spreads over up to 16 x n_kv_heads threads, and short
+    // chunks keep the threads evenly busy when the KV heads do not split evenly over them
+    // (SmolLM2: 3 KV heads on 2 threads)
     const int64_t cap = k->view_src ? int64_t(ggml_nbytes(k->view_src) / k->nb[1]) : s.n_kv;
     const int64_t kc  = ((cap + 15) / 16 + kAttnBlock - 1) / kAttnBlock * kAttnBlock;
-    s.kc              = std::max<int64_t>(512, kc);
+    s.kc              = std::max<int64_t>(256, kc);
     s.C               = (s.n_kv + s.kc - 1) / s.kc;
     s.units           = s.ne3 * s.n_kvh * s.nqc * s.C;
     return s;
@@ -76,6 +78,9 @@ float * aligned(void * p) {
 }
 
 const float kNegInf = -std::numeric_limits<float>::infinity();
+
+// the mask of a block every query sees
+alignas(64) const float kZeroMask[kAttnBlock * kAttnQueries] = {};
 
 // llama.cpp's masks are 0 (visible) or -inf (hidden) almost everywhere: those without a call
 inline float mask_value(uint16_t h) {
@@ -187,7 +192,6 @@ void attn_compute(const ggml_compute_params * params, ggml_tensor * op) {
         a.D        = int(D);
         a.k_stride = k->nb[1] / 2;
         a.v_stride = v->nb[1] / 2;
-        a.mask     = mbuf;
         a.scale    = scale;
         a.kf       = kf;
         a.p        = p;
@@ -199,18 +203,28 @@ void attn_compute(const ggml_compute_params * params, ggml_tensor * op) {
         const char * vb = static_cast<const char *>(v->data) + kvh * v->nb[2] + ik3 * v->nb[3];
         const int64_t j_end = std::min(s.n_kv, (c + 1) * s.kc);
         for (int64_t j0 = c * s.kc; j0 < j_end; j0 += kAttnBlock) {
-            const int nj  = int(std::min<int64_t>(kAttnBlock, j_end - j0));
-            bool      any = !mask;
-            for (int jj = 0; jj < nj; ++jj) {
-                float * mr = mbuf + jj * qp;
-                for (int i = 0; i < nq; ++i) {
-                    mr[i] = mrow[i] ? mask_value(mrow[i][j0 + jj]) : 0.0f;
-                    any |= mr[i] != kNegInf;
+            const int nj = int(std::min<int64_t>(kAttnBlock, j_end - j0));
+            // most blocks are visible to (or hidden from) every query of the unit: look at each
+            // token's mask row once (lanes of one token share it) before filling lanes
+            bool visible = true, hidden = true;
+            for (int i = 0; i < nq && mask && (visible || hidden); ++i) {
+                if (i > 0 && mrow[i] == mrow[i - 1]) continue;
+                const uint16_t * r = mrow[i] + j0;
+                for (int jj = 0; jj < nj; ++jj) {
+                    visible &= r[jj] == 0;
+                    hidden &= r[jj] == 0xFC00;
                 }
-                for (int i = nq; i < qp; ++i) mr[i] = 0.0f;
             }
-            if (!any) continue;  // masked for every query here: adds exactly nothing
-            a.nj = nj;
+            if (mask && hidden) continue;  // masked for every query here: adds exactly nothing
+            if (mask && !visible) {
+                for (int jj = 0; jj < nj; ++jj) {
+                    float * mr = mbuf + jj * qp;
+                    for (int i = 0; i < nq; ++i) mr[i] = mask_value(mrow[i][j0 + jj]);
+                    for (int i = nq; i < qp; ++i) mr[i] = 0.0f;
+                }
+            }
+            a.mask = visible ? kZeroMask : mbuf;
+            a.nj   = nj;
             a.k  = reinterpret_cast<const uint16_t *>(kb + j0 * k->nb[1]);
             a.v  = reinterpret_cast<const uint16_t *>(vb + j0 * v->nb[1]);
             fn(a);
