@@ -4,8 +4,9 @@ c(k) = time of one target decode of k rows with all logits and the taps on (what
 loop verifies) / time of one plain decode step (1 row, last logits, no taps), after n_context
 tokens of context. Each timed call follows an untimed call of the same shape, so llama.cpp reuses
 its graph as it does in the loop (--rebuild: time the first call after a shape change, graph
-rebuild included, as the runs before 2026-12-02 did). Both modes live in ONE process and are interleaved round by round (the order
-alternates), so the ratios come from the same minutes of the same machine; medians are quoted.
+rebuild included, as the runs before 2026-12-02 did). All modes live in ONE process and are
+interleaved round by round (the order rotates), so the ratios come from the same minutes of the
+same machine; medians are quoted.
 
     python benchmarks/verify_kernels.py -m qwen2.5-coder-1.5b -t 2 --k-max 16 --rounds 7
 

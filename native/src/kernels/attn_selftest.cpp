@@ -66,11 +66,13 @@ bool graph_attention(ggml_backend_t cpu, const AttnCase & c, const std::vector<f
     return ok;
 }
 
-double nmse_d(const std::vector<float> & a, const std::vector<double> & b) {
+// sum (a-b)^2 / sum b^2, b a float or float64 reference
+template <typename R> double nmse_of(const std::vector<float> & a, const std::vector<R> & b) {
     double num = 0, den = 0;
     for (size_t i = 0; i < a.size(); ++i) {
-        num += (a[i] - b[i]) * (a[i] - b[i]);
-        den += b[i] * b[i];
+        const double d = double(a[i]) - double(b[i]);
+        num += d * d;
+        den += double(b[i]) * double(b[i]);
     }
     return den > 0 ? num / den : num;
 }
@@ -164,16 +166,9 @@ int attn_selftest(Isa isa, ggml_backend_t cpu, int n_threads, int quick, std::st
         ok = ok && graph_attention(cpu, c, q, k, v, mask, scale, y_scalar);
         set_isa(isa);
 
-        const double e_ggml = ok ? [&] {
-            double num = 0, den = 0;
-            for (size_t i = 0; i < y_ours.size(); ++i) {
-                num += (double(y_ours[i]) - y_ggml[i]) * (double(y_ours[i]) - y_ggml[i]);
-                den += double(y_ggml[i]) * y_ggml[i];
-            }
-            return num / den;
-        }() : 1.0;
-        const double e_ref  = ok ? nmse_d(y_ours, ref) : 1.0;
-        const double g_ref  = ok ? nmse_d(y_ggml, ref) : 1.0;
+        const double e_ggml = ok ? nmse_of(y_ours, y_ggml) : 1.0;
+        const double e_ref  = ok ? nmse_of(y_ours, ref) : 1.0;
+        const double g_ref  = ok ? nmse_of(y_ggml, ref) : 1.0;
         const bool   same_s = ok && std::memcmp(y_ours.data(), y_scalar.data(), y_ours.size() * sizeof(float)) == 0;
 
         // (d) each token alone, in a cache with 320 more positions (masked for it)
