@@ -57,7 +57,8 @@ int main(int argc, char ** argv) {
     }
     std::vector<std::string> want;
     for (int i = 2; i < argc; ++i) want.push_back(argv[i]);
-    const int64_t K = 1536;
+    // MICRO_K: the row length (a multiple of 256; 1536 = the 1.5B's hidden size, 8960 its FFN)
+    const int64_t K = std::getenv("MICRO_K") ? std::atoll(std::getenv("MICRO_K")) : 1536;
     std::mt19937  rng(1);
     printf("isa %s, K = %lld, one thread; ns per 256 weights (per call, per row)\n", isa_name(isa), (long long) K);
     printf("%-5s %-5s", "type", "mem");
