@@ -58,7 +58,12 @@ int main(int argc, char ** argv) {
     std::vector<std::string> want;
     for (int i = 2; i < argc; ++i) want.push_back(argv[i]);
     // MICRO_K: the row length (a multiple of 256; 1536 = the 1.5B's hidden size, 8960 its FFN)
-    const int64_t K = std::getenv("MICRO_K") ? std::atoll(std::getenv("MICRO_K")) : 1536;
+    const char *  k_env = std::getenv("MICRO_K");
+    const int64_t K     = k_env ? std::atoll(k_env) : 1536;
+    if (K <= 0 || K % 256 != 0) {
+        fprintf(stderr, "MICRO_K must be a positive multiple of 256 (got '%s')\n", k_env);
+        return 2;
+    }
     std::mt19937  rng(1);
     printf("isa %s, K = %lld, one thread; ns per 256 weights (per call, per row)\n", isa_name(isa), (long long) K);
     printf("%-5s %-5s", "type", "mem");
