@@ -11,6 +11,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Sequence
 
+import numpy as np
+
 from . import errors
 from ._bindings import TOKEN_CALLBACK, check, ffi, lib
 
@@ -85,6 +87,17 @@ class TokenProbs:
 
 
 @dataclass(frozen=True)
+class Capture:
+    """Training rows of a sequence generated with ``capture=True`` (``Scheduler.set_capture``).
+
+    Row p is position p of prompt + generated tokens (every row the target decoded: the last
+    generated token is never decoded, so there is one row fewer than tokens)."""
+
+    features: np.ndarray  # [n_rows, n_taps, n_embd] float32: hidden states entering the capture layers
+    labels: np.ndarray    # [n_rows] int32: the target's argmax at row p (its prediction for p + 1), -1 unknown
+
+
+@dataclass(frozen=True)
 class Result:
     """The generated text, its tokens and the statistics of the run."""
 
@@ -92,6 +105,7 @@ class Result:
     tokens: list[int]
     stats: Stats = field(repr=False)
     probs: list[TokenProbs] | None = field(default=None, repr=False)  # with n_probs > 0
+    capture: Capture | None = field(default=None, repr=False)  # with capture=True
 
 
 @dataclass(frozen=True)
@@ -245,9 +259,24 @@ def take_output(output) -> Result:  # type: ignore[no-untyped-def]
         text = ffi.unpack(text_ptr, n_bytes[0]).decode("utf-8", "replace")
         stats = Stats.from_native(lib.dflash_output_stats(output))
         probs = read_probs(output, tokens)
+        capture = read_capture(output)
     finally:
         lib.dflash_output_free(output)
-    return Result(text=text, tokens=tokens, stats=stats, probs=probs)
+    return Result(text=text, tokens=tokens, stats=stats, probs=probs, capture=capture)
+
+
+def read_capture(output) -> Capture | None:  # type: ignore[no-untyped-def]
+    """A copy of a native output's captured training rows (None: not asked for)."""
+    n_rows, n_taps, n_embd = ffi.new("int32_t *"), ffi.new("int32_t *"), ffi.new("int32_t *")
+    labels = ffi.new("int32_t **")
+    feats = lib.dflash_output_capture(output, n_rows, n_taps, n_embd, labels)
+    if n_taps[0] <= 0:
+        return None
+    n, shape = n_rows[0], (n_rows[0], n_taps[0], n_embd[0])
+    if n == 0:
+        return Capture(np.zeros(shape, dtype=np.float32), np.zeros(0, dtype=np.int32))
+    values = np.frombuffer(ffi.buffer(feats, 4 * n * n_taps[0] * n_embd[0]), dtype=np.float32).reshape(shape).copy()
+    return Capture(values, np.frombuffer(ffi.buffer(labels[0], 4 * n), dtype=np.int32).copy())
 
 
 def read_probs(output, tokens: Sequence[int], first: int = 0) -> list[TokenProbs] | None:  # type: ignore[no-untyped-def]

@@ -114,11 +114,13 @@ class Scheduler:
 
     def add(self, tokens: Sequence[int], options: SamplingOptions, *, n_max: int | None = None,
             n_min: int | None = None, p_min: float | None = None,
-            slot: int | None = None, cache_prompt: bool = True,
+            slot: int | None = None, cache_prompt: bool = True, capture: bool = False,
             on_piece: Callable[[str], bool | None] | None = None) -> int:
         """Queue a sequence; returns its id. ``on_piece(text)`` streams it (False stops it).
         ``n_max`` fixes this sequence's drafts per step (None: the scheduler's choice); ``n_min`` /
-        ``p_min`` override the scheduler's for it."""
+        ``p_min`` override the scheduler's for it. ``capture`` keeps the target's features at the
+        ``set_capture`` layers and its argmax for every row the sequence decodes
+        (``Result.capture``: training data, captured while it generates)."""
         if n_max is not None and (not isinstance(n_max, int) or isinstance(n_max, bool) or n_max < 0):
             raise errors.InvalidArgumentError(f"n_max must be an int >= 0, got {n_max!r}")
         if n_min is not None and (not isinstance(n_min, int) or isinstance(n_min, bool) or n_min < 0):
@@ -138,6 +140,7 @@ class Scheduler:
         req.p_min = -1.0 if p_min is None else float(p_min)
         req.slot = -1 if slot is None else slot
         req.cache_prompt = bool(cache_prompt)
+        req.capture = bool(capture)
         failure: list[BaseException] = []
         callback, handle = ffi.NULL, ffi.NULL
         if on_piece is not None:
@@ -149,6 +152,13 @@ class Scheduler:
             self._callbacks[sid[0]] = handle
         self._failures[sid[0]] = failure
         return int(sid[0])
+
+    def set_capture(self, layers: Sequence[int]) -> None:
+        """Target layers whose input hidden states ``capture`` requests keep (as
+        ``Target.set_taps``; with a drafter: its own tap layers). ``[]`` turns capture off."""
+        values = [int(x) for x in layers]
+        check(lib.dflash_scheduler_set_capture(self._h(), ffi.new("int32_t[]", values) if values else ffi.NULL,
+                                               len(values)))
 
     def cancel(self, seq_id: int) -> None:
         """Stop a queued or running sequence at the next step."""

@@ -382,6 +382,14 @@ const dflash_stats * dflash_output_stats(const dflash_output * output);
 void                 dflash_output_probs(const dflash_output * output, int32_t * n_tokens, int32_t * n_probs,
                                          const float ** logprob, const int32_t ** top_ids,
                                          const float ** top_logprobs);
+/* Training rows of a sequence added with dflash_request_params.capture (NULL / zeros otherwise):
+ * features [n_rows x n_taps x n_embd], row p = the hidden states entering the scheduler's capture
+ * layers at position p (p = 0 .. n_rows-1: the prompt, then every generated token the target
+ * decoded), and labels [n_rows] = the target's argmax at row p, i.e. its greedy prediction for
+ * position p + 1 (-1 where the target computed no logits: prompt rows before the last).
+ * Borrowed from the output. */
+const float *        dflash_output_capture(const dflash_output * output, int32_t * n_rows, int32_t * n_taps,
+                                           int32_t * n_embd, const int32_t ** labels);
 void                 dflash_output_free(dflash_output * output);
 
 /* ---------------------------------------------------------------------------------------------
@@ -594,6 +602,9 @@ typedef struct dflash_request_params {
     float   p_min;                /* < 0 = the scheduler's */
     int32_t slot;                 /* slot to run in (-1 = any free one; the request waits for it) */
     bool    cache_prompt;         /* reuse the slot's KV of the longest common prompt prefix */
+    bool    capture;              /* keep the target's features and argmax of every row this
+                                   * sequence decodes (dflash_output_capture; training data): needs
+                                   * dflash_scheduler_set_capture; the whole prompt is decoded */
 } dflash_request_params;
 
 typedef struct dflash_step_info {
@@ -662,6 +673,10 @@ dflash_status dflash_scheduler_slot_save(dflash_scheduler * scheduler, int32_t s
 dflash_status dflash_scheduler_slot_restore(dflash_scheduler * scheduler, int32_t slot, const char * path,
                                             int32_t * n_tokens, size_t * n_bytes);
 dflash_status dflash_scheduler_slot_erase(dflash_scheduler * scheduler, int32_t slot, int32_t * n_tokens);
+/* Target layers (as dflash_target_set_taps: the hidden state entering each) whose features
+ * requests with `capture` keep; with a drafter they must be the drafter's own tap layers (the
+ * target captures one set). n = 0 turns capture off. Between steps, while no capture request runs. */
+dflash_status dflash_scheduler_set_capture(dflash_scheduler * scheduler, const int32_t * layers, int32_t n);
 dflash_status dflash_scheduler_get_tuning(const dflash_scheduler * scheduler, dflash_tuning * out);
 dflash_status dflash_scheduler_set_tuning(dflash_scheduler * scheduler, const dflash_tuning * tuning);
 

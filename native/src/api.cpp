@@ -412,6 +412,7 @@ dflash_request_params dflash_request_default_params(void) {
     p.p_min = -1.0f;
     p.slot = -1;
     p.cache_prompt = true;
+    p.capture = false;
     return p;
 }
 
@@ -450,6 +451,7 @@ dflash_status dflash_scheduler_add(dflash_scheduler * scheduler, const int32_t *
         req.p_min = params->p_min;
         req.slot = params->slot;
         req.cache_prompt = params->cache_prompt;
+        req.capture = params->capture;
         *id = scheduler->impl->add(prompt, n_prompt, std::move(req), callback, user_data);
     });
 }
@@ -539,6 +541,14 @@ dflash_status dflash_scheduler_get_tuning(const dflash_scheduler * scheduler, df
     });
 }
 
+dflash_status dflash_scheduler_set_capture(dflash_scheduler * scheduler, const int32_t * layers, int32_t n) {
+    return guarded([&] {
+        require(scheduler && (layers || n == 0), "NULL argument");
+        require(n >= 0, "n must be >= 0");
+        scheduler->impl->set_capture(std::vector<int32_t>(layers, layers + n));
+    });
+}
+
 dflash_status dflash_scheduler_set_tuning(dflash_scheduler * scheduler, const dflash_tuning * tuning) {
     return guarded([&] {
         require(scheduler && tuning, "NULL argument");
@@ -580,6 +590,24 @@ void dflash_output_probs(const dflash_output * output, int32_t * n_tokens, int32
     if (top_logprobs) {
         *top_logprobs = have ? output->top_logprobs.data() : nullptr;
     }
+}
+
+const float * dflash_output_capture(const dflash_output * output, int32_t * n_rows, int32_t * n_taps, int32_t * n_embd,
+                                   const int32_t ** labels) {
+    const bool have = output && output->cap_taps > 0;
+    if (n_rows) {
+        *n_rows = have ? int32_t(output->cap_labels.size()) : 0;
+    }
+    if (n_taps) {
+        *n_taps = have ? output->cap_taps : 0;
+    }
+    if (n_embd) {
+        *n_embd = have ? output->cap_embd : 0;
+    }
+    if (labels) {
+        *labels = have ? output->cap_labels.data() : nullptr;
+    }
+    return have ? output->cap_features.data() : nullptr;
 }
 
 void dflash_output_free(dflash_output * output) { delete output; }

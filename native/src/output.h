@@ -40,4 +40,8 @@ struct dflash_output {
     std::vector<float>   logprob;       // [n_tokens]
     std::vector<int32_t> top_ids;       // [n_tokens x n_probs], -1 past the candidates
     std::vector<float>   top_logprobs;  // [n_tokens x n_probs]
+    // request `capture`: every decoded row's target features and argmax (training data)
+    int32_t              cap_taps = 0, cap_embd = 0;
+    std::vector<float>   cap_features;  // [n_rows x cap_taps x cap_embd]
+    std::vector<int32_t> cap_labels;    // [n_rows], -1 where no logits were computed
 };

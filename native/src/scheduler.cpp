@@ -206,6 +206,12 @@ int32_t Scheduler::add(const int32_t * prompt, int32_t n_prompt, RequestParams r
     if (req.slot < -1 || req.slot >= int32_t(slots_.size())) {
         fail(DFLASH_ERR_INVALID_ARGUMENT, "slot %d is outside 0..%zu", req.slot, slots_.size() - 1);
     }
+    if (req.capture && (tap_layers_.empty() || tap_layers_ != capture_layers_)) {
+        fail(DFLASH_ERR_INVALID_ARGUMENT, "a capture request needs the scheduler's capture layers (set_capture)");
+    }
+    if (req.capture) {
+        req.cache_prompt = false;  // every prompt row is decoded, so every row has its features
+    }
     auto s = std::make_unique<Sequence>();
     s->id = next_id_++;
     if (next_id_ <= 0) {
@@ -230,10 +236,32 @@ int32_t Scheduler::add(const int32_t * prompt, int32_t n_prompt, RequestParams r
     s->rng.reseed(s->req.gen.sampling.seed);
     s->committer = std::make_unique<Committer>(target_, s->req.gen, callback, user_data, *s->out);
     s->out->stats.n_prompt = n_prompt;
+    if (s->req.capture) {
+        s->out->cap_taps = int32_t(capture_layers_.size());
+        s->out->cap_embd = target_.n_embd();
+    }
     s->t_added = clock_type::now();
     const int32_t id = s->id;
     seqs_.push_back(std::move(s));
     return id;
+}
+
+void Scheduler::set_capture(std::vector<int32_t> layers) {
+    for (const auto & s : seqs_) {
+        if (s->req.capture && s->state != Sequence::DONE) {
+            fail(DFLASH_ERR_BUSY, "capture layers cannot change while a capture request runs");
+        }
+    }
+    if (drafter_ && !layers.empty() && layers != drafter_->hparams().target_layers) {
+        fail(DFLASH_ERR_INVALID_ARGUMENT, "with a drafter the capture layers must be the drafter's tap layers");
+    }
+    target_.set_taps(layers);  // validates them against the target
+    target_.set_taps({});
+    taps_on_ = false;
+    capture_layers_ = std::move(layers);
+    if (!drafter_) {
+        tap_layers_ = capture_layers_;
+    }
 }
 
 void Scheduler::cancel(int32_t id) {
@@ -469,6 +497,40 @@ void Scheduler::keep_features(Slot & slot, int32_t first_row, int32_t pos, int32
     }
 }
 
+// Training rows of a `capture` request: the target features of rows first_row .. first_row+n-1 of
+// this step's batch (the sequence's next n positions) and, for the last n_labelled of them (the
+// rows that have logits), the target's argmax; -1 for the others.
+void Scheduler::capture_rows(Sequence & s, int32_t first_row, int32_t n, int32_t n_labelled) {
+    if (!s.req.capture || n <= 0) {
+        return;
+    }
+    auto & out = *s.out;
+    const size_t H = size_t(out.cap_embd), L = size_t(out.cap_taps);
+    const size_t old = out.cap_labels.size();
+    out.cap_features.resize((old + size_t(n)) * L * H);
+    for (size_t k = 0; k < L; ++k) {
+        int32_t n_rows = 0;
+        const float * rows = target_.tap_rows(int32_t(k), &n_rows);
+        for (int32_t i = 0; i < n; ++i) {
+            const float * src = rows + size_t(first_row + i) * H;
+            std::copy(src, src + H, out.cap_features.begin() + ptrdiff_t(((old + size_t(i)) * L + k) * H));
+        }
+    }
+    const int32_t n_vocab = target_.n_vocab();
+    for (int32_t i = 0; i < n; ++i) {
+        int32_t label = -1;
+        if (i >= n - n_labelled) {
+            const float * row = target_.logits(first_row + i);
+            label = int32_t(std::max_element(row, row + n_vocab) - row);
+        }
+        out.cap_labels.push_back(label);
+    }
+}
+
+bool Scheduler::capturing(const std::vector<Sequence *> & seqs) const {
+    return std::any_of(seqs.begin(), seqs.end(), [](const Sequence * s) { return s->req.capture; });
+}
+
 void Scheduler::flush_features(Slot & slot, DraftSource & src) {
     if (slot.n_pending <= 0) {
         return;
@@ -625,6 +687,7 @@ void Scheduler::accept(Sequence & s) {
     }
     // rows 0..n_acc of the block stay in the caches, the rest is rolled back
     const int32_t n_commit = n_acc + 1;
+    capture_rows(s, s.row0, n_commit, n_commit);
     Slot & slot = *s.slot;
     if (s.source && slot.kv_source == s.source) {
         keep_features(slot, s.row0, s.n_past, n_commit);
@@ -736,6 +799,7 @@ void Scheduler::step(dflash_step_info * info) {
             need_taps = need_taps || fixed || (params_.n_max < 0 && (width > 0 || policy_.features_needed()));
         }
     }
+    need_taps = need_taps || capturing(prefilling) || capturing(decoding);
     if (need_taps != taps_on_) {
         target_.set_taps(need_taps ? tap_layers_ : std::vector<int32_t>{});
         taps_on_ = need_taps;
@@ -824,6 +888,8 @@ void Scheduler::step(dflash_step_info * info) {
         if (s->source && slot.kv_source == s->source) {
             keep_features(slot, s->row0, s->n_prefilled, s->n_rows);
         }
+        const bool prompt_done = s->n_prefilled + s->n_rows == int32_t(s->prompt.size());
+        capture_rows(*s, s->row0, s->n_rows, prompt_done ? 1 : 0);
         slot.kv.insert(slot.kv.end(), rows_.begin() + s->row0, rows_.begin() + s->row0 + s->n_rows);
         s->n_prefilled += s->n_rows;
         s->n_past = s->n_prefilled;

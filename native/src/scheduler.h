@@ -45,6 +45,7 @@ struct RequestParams {
     float   p_min = -1.0f;          // < 0: the scheduler's
     int32_t slot = -1;              // target sequence slot (-1: any free one)
     bool    cache_prompt = true;
+    bool    capture = false;        // keep every decoded row's features and argmax (training data)
     DraftSource * draft_source = nullptr;  // testing: overrides the drafter (replay sources)
 };
 
@@ -71,6 +72,9 @@ public:
     int32_t slot_restore(int32_t slot, const char * path, size_t * n_bytes);
     int32_t slot_erase(int32_t slot);
 
+    // Layers whose features `capture` requests keep (with a drafter: its own tap layers).
+    void set_capture(std::vector<int32_t> layers);
+
     int32_t n_pending() const;  // sequences queued or running
     WidthPolicy & policy() { return policy_; }
 
@@ -88,6 +92,8 @@ private:
     void finish(Sequence & s);
     void keep_features(Slot & slot, int32_t first_row, int32_t pos, int32_t n);
     void flush_features(Slot & slot, DraftSource & src);
+    void capture_rows(Sequence & s, int32_t first_row, int32_t n, int32_t n_labelled);
+    bool capturing(const std::vector<Sequence *> & seqs) const;
     Sequence * find(int32_t id) const;
     Slot & idle_slot(int32_t slot, const char * action);
 
@@ -101,7 +107,8 @@ private:
     std::vector<std::unique_ptr<Sequence>> seqs_;  // queued, running and finished-not-taken
     int32_t next_id_ = 1;
     uint64_t n_steps_ = 0;
-    std::vector<int32_t> tap_layers_;  // the drafter's (empty: no drafter)
+    std::vector<int32_t> tap_layers_;  // the drafter's, else the capture layers (empty: none)
+    std::vector<int32_t> capture_layers_;  // for `capture` requests (empty: none allowed)
     bool taps_on_ = false;             // the target captures them in this step's decode
     Distribution p_row_;
     std::vector<int32_t> rows_;
