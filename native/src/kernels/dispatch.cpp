@@ -238,11 +238,13 @@ const TypeKernels * kernels_for(int type, Isa isa) {
 const TypeKernels * kernels_for(int type) { return kernels_for(type, active_isa()); }
 
 bool enabled_from_env() {
-    // opt-in for now: one-row decode is a few % slower than ggml's repacked path on this machine
-    // class (docs/verify-kernels.md), so the default stays ggml's kernels
+    // on by default wherever the CPU has a SIMD path (the multi-row verify is what makes drafting
+    // pay on a CPU, and the one-row step is no slower than ggml's); a CPU with only the scalar
+    // reference keeps ggml's. PYDFLASH_KERNELS=0 (off, false, no) is the way back to ggml's stock
+    // kernels, e.g. for output bit-identical to llama.cpp's; =1 forces them on.
     const char * env = std::getenv("PYDFLASH_KERNELS");
-    if (!env || !*env) return false;
-    return strcmp(env, "1") == 0 || strcmp(env, "on") == 0 || strcmp(env, "true") == 0 || strcmp(env, "yes") == 0;
+    if (!env || !*env) return best() != Isa::scalar;
+    return !(strcmp(env, "0") == 0 || strcmp(env, "off") == 0 || strcmp(env, "false") == 0 || strcmp(env, "no") == 0);
 }
 
 }  // namespace dflash::kern
