@@ -1,39 +1,46 @@
-"""One small progress line on stderr, shared by pulls, conversion and quantization."""
+"""Deprecated: a thin ``ProgressBar`` over tqdm, kept only for ``pydflash.train.pipeline``.
+
+Every other module draws its progress with tqdm directly (the bar huggingface_hub draws too).
+Remove this file once the training pipeline uses tqdm itself.
+"""
 
 from __future__ import annotations
 
-import sys
-import time
+from tqdm.auto import tqdm
 
 
 class ProgressBar:
-    """``label: done / total unit (pct%)`` rewritten in place; silent unless enabled.
-
-    enabled=None means "only when stderr is a terminal", so logs and CI stay clean.
-    """
+    """``label: done / total`` as a tqdm bar on stderr; enabled=None: only on a terminal."""
 
     def __init__(self, label: str, total: float, *, unit: str = "", scale: float = 1.0,
                  enabled: bool | None = None) -> None:
-        self.label, self.total, self.unit, self.scale = label, total, unit, scale
-        self.enabled = sys.stderr.isatty() if enabled is None else enabled
+        self._bar = tqdm(total=total / scale, desc=label, unit=unit.strip() or "it",
+                         disable=None if enabled is None else not enabled, leave=True)
+        self.scale = scale
         self.done = 0.0
-        self._last = 0.0
+
+    @property
+    def label(self) -> str:
+        return str(self._bar.desc)
+
+    @label.setter
+    def label(self, value: str) -> None:
+        self._bar.set_description_str(value, refresh=False)
+
+    @property
+    def total(self) -> float:
+        return float(self._bar.total or 0) * self.scale
+
+    @total.setter
+    def total(self, value: float) -> None:
+        self._bar.total = value / self.scale
 
     def update(self, done: float) -> None:
+        self._bar.update((done - self.done) / self.scale)
         self.done = done
-        now = time.monotonic()
-        if self.enabled and (now - self._last > 0.1 or done >= self.total):
-            self._last = now
-            pct = 100.0 * done / self.total if self.total else 100.0
-            sys.stderr.write(
-                f"\r{self.label}: {done / self.scale:.1f} / {self.total / self.scale:.1f}{self.unit} ({pct:3.0f}%)"
-            )
-            sys.stderr.flush()
 
     def advance(self, n: float) -> None:
         self.update(self.done + n)
 
     def close(self) -> None:
-        if self.enabled:
-            sys.stderr.write("\n")
-            sys.stderr.flush()
+        self._bar.close()

@@ -53,8 +53,8 @@ from pathlib import Path
 import numpy as np
 from gguf import GGML_QUANT_VERSION, GGMLQuantizationType, GGUFValueType, GGUFWriter, TokenType
 from gguf.quants import quant_shape_to_byte_shape, quantize
+from tqdm.auto import tqdm
 
-from ._progress import ProgressBar
 from .gguf_layout import (
     ARCH,
     KV,
@@ -502,6 +502,7 @@ def convert(
     target_model_dir: str | os.PathLike[str] | None = None,
     outtype: str = "f16",
     progress: bool | None = None,
+    name: str | None = None,
 ) -> Path:
     """Convert the HF DFlash / DFlash2 checkpoint in ``model_dir`` to a ``dflash`` GGUF at ``outfile``.
 
@@ -513,6 +514,7 @@ def convert(
         target_model_dir: the target as an HF directory (byte-level BPE tokenizer.json only).
         outtype: ``f32``, ``f16``, ``bf16`` or ``q8_0`` for the weight matrices.
         progress: progress bar on stderr (default: only when stderr is a terminal).
+        name: ``general.name`` of the drafter (default: the checkpoint directory's name).
     Returns:
         The output path.
     Raises:
@@ -533,7 +535,7 @@ def convert(
     target = read_target_gguf(target_gguf) if target_gguf is not None else read_target_hf(target_model_dir)
     validate_against_target(config, plan, target)
 
-    metadata = [KV(Keys.NAME, model_dir.resolve().name, GGUFValueType.STRING), *drafter_metadata(config)]
+    metadata = [KV(Keys.NAME, name or model_dir.resolve().name, GGUFValueType.STRING), *drafter_metadata(config)]
     metadata += [
         KV(Keys.FILE_TYPE, int(file_type(out)), GGUFValueType.UINT32),
         KV(Keys.QUANTIZATION_VERSION, GGML_QUANT_VERSION, GGUFValueType.UINT32),
@@ -577,7 +579,8 @@ def _write(path: Path, metadata: list[KV], plan: Sequence[PlannedTensor], types:
     sizes = [_nbytes(t.torch_shape, q) for t, q in zip(plan, types)]
     for t, q, n in zip(plan, types, sizes):
         writer.add_tensor_info(t.gguf_name, t.torch_shape, np.dtype(np.float32), n, raw_dtype=q)
-    bar = ProgressBar("dflash gguf", sum(sizes), unit=" MB", scale=1024 * 1024, enabled=progress)
+    bar = tqdm(total=sum(sizes), desc="dflash gguf", unit="B", unit_scale=True, unit_divisor=1024,
+               disable=None if progress is None else not progress)
     try:
         writer.write_header_to_file(path)
         writer.write_kv_data_to_file()
@@ -585,7 +588,7 @@ def _write(path: Path, metadata: list[KV], plan: Sequence[PlannedTensor], types:
         for t, q in zip(plan, types):
             data = _encode(_load_f32(index[t.hf_name]), q, t.hf_name)
             writer.write_tensor_data(data)
-            bar.advance(data.nbytes)
+            bar.update(data.nbytes)
         writer.flush()
         assert writer.fout is not None
         os.fsync(writer.fout[0].fileno())
@@ -602,13 +605,17 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         prog=prog or "pydflash convert",
         description="Convert a Hugging Face DFlash / DFlash2 drafter to a llama.cpp 'dflash' GGUF.",
     )
-    p.add_argument("model_dir", type=Path, help="HF checkpoint directory (config.json + *.safetensors)")
+    p.add_argument("model_dir", type=Path,
+                   help="HF checkpoint directory (config.json + *.safetensors), or a Hub repository ORG/NAME[@REV] "
+                        "(fetched into the Hugging Face cache; needs pip install 'pydflash[hub]')")
     p.add_argument("-o", "--outfile", type=Path, default=None,
                    help="output GGUF (default: <model_dir name>-<outtype>.gguf in the current directory)")
     p.add_argument("--outtype", choices=[o.value for o in OutType], default="f16",
                    help="type of the weight matrices (norms stay F32, fc F32/BF16; default f16)")
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--target-gguf", type=Path, help="target model GGUF: sizes to validate, tokenizer to copy")
+    src.add_argument("--target-gguf", type=Path,
+                     help="target model GGUF: sizes to validate, tokenizer to copy (also a `pydflash models` name or "
+                          "hf:ORG/NAME[:QUANT])")
     src.add_argument("--target-model-dir", type=Path,
                      help="target HF directory (config.json + byte-level BPE tokenizer.json; best effort)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
@@ -616,16 +623,36 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     return p
 
 
+def _checkpoint_source(model_dir: Path) -> tuple[Path, str | None]:
+    """A local checkpoint directory as is, or a Hub repository (ORG/NAME, hf:ORG/NAME) fetched into
+    the HF cache: (directory, the repository's name for the GGUF, or None)."""
+    text = str(model_dir)
+    if model_dir.exists() or not (text.startswith("hf:") or text.count("/") == 1):
+        return model_dir, None
+    from . import hub
+
+    ref = hub.parse(text)
+    return hub.checkpoint_dir(ref), ref.repo_id.split("/")[1]
+
+
 def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     """CLI entry point; returns the exit status (errors are printed, not raised)."""
     args = build_parser(prog).parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s: %(message)s")
-    outfile = args.outfile or Path(f"{args.model_dir.resolve().name}-{args.outtype}.gguf")
+    from . import errors
+
     try:
-        path = convert(args.model_dir, outfile, target_gguf=args.target_gguf,
+        model_dir, name = _checkpoint_source(args.model_dir)
+        target_gguf = args.target_gguf
+        if target_gguf is not None and not target_gguf.is_file():  # a model name or hf:ORG/NAME[:QUANT]
+            from . import models
+
+            target_gguf = models.resolve(str(target_gguf))
+        outfile = args.outfile or Path(f"{name or model_dir.resolve().name}-{args.outtype}.gguf")
+        path = convert(model_dir, outfile, target_gguf=target_gguf,
                        target_model_dir=args.target_model_dir, outtype=args.outtype,
-                       progress=False if args.quiet else None)
-    except (ValueError, FileNotFoundError) as exc:
+                       progress=False if args.quiet else None, name=name)
+    except (ValueError, FileNotFoundError, errors.PydflashError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     print(path)

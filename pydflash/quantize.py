@@ -24,7 +24,7 @@ from pathlib import Path
 
 from . import errors
 from ._bindings import check, ffi, lib
-from ._progress import ProgressBar
+from tqdm.auto import tqdm
 
 TYPES = ("Q4_K_M", "Q4_K_S", "Q5_K_M", "Q5_K_S", "Q6_K", "Q8_0", "F16", "BF16")
 
@@ -52,11 +52,12 @@ def quantize(
         raise errors.InvalidArgumentError(f"unknown quantization type {type!r}; choose from {', '.join(TYPES)}")
     if Path(in_path).resolve() == Path(out_path).resolve():
         raise errors.InvalidArgumentError("input and output are the same file")
-    bar = ProgressBar(f"quantize {Path(in_path).name} -> {type}", 1, unit=" tensors", enabled=progress)
+    bar = tqdm(total=1, desc=f"quantize {Path(in_path).name} -> {type}", unit="tensor",
+               disable=None if progress is None else not progress)
 
     def on_progress(done: int, total: int) -> None:
         bar.total = total
-        bar.update(done)
+        bar.update(done - bar.n)
 
     handle = ffi.new_handle(on_progress)
     try:
