@@ -405,7 +405,7 @@ def write_report(report: dict, out_dir: Path, stem: str = "bench") -> list[Path]
 # -- command line --------------------------------------------------------------------------------
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("-m", "--model", required=True, help="target GGUF path or `pydflash models` name")
+    p.add_argument("-m", "--model", default=None, help="target GGUF path or `pydflash models` name (or -hf)")
     p.add_argument("-md", "--model-draft", default=None, help="DFlash drafter GGUF (omit: plain modes only)")
     p.add_argument("--also-draft", action="append", default=[], metavar="GGUF",
                    help="another drafter to run at the same n_max values (repeatable), e.g. a reduced-vocabulary one")

@@ -11,7 +11,7 @@ import os
 import sys
 from typing import Sequence
 
-from . import devices, errors
+from . import devices, errors, hub
 
 
 def _add_sampling(p: argparse.ArgumentParser) -> None:
@@ -38,7 +38,8 @@ def n_max_arg(value: str) -> int | str:
 
 
 def _add_target(p: argparse.ArgumentParser) -> None:
-    p.add_argument("-m", "--model", default="smollm2-135m", help="target GGUF path or a `pydflash models` name")
+    p.add_argument("-m", "--model", default="smollm2-135m",
+                   help="target GGUF path, a `pydflash models` name or hf:ORG/NAME[:QUANT] (default smollm2-135m)")
     p.add_argument("-t", "--threads", type=int, default=None, help="CPU threads (default: all cores)")
     p.add_argument("-c", "--ctx-size", type=int, default=4096, help="context size (default 4096)")
     devices.add_arguments(p)
@@ -53,6 +54,7 @@ def _add_target(p: argparse.ArgumentParser) -> None:
     p.add_argument("--spec-draft-p-min", type=float, default=0.0,
                    help="greedy: cut drafts at the first pick the drafter gives p < P (default 0 = off)")
     p.add_argument("-v", "--verbose", action="store_true", help="show llama.cpp's log")
+    hub.add_arguments(p)
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -144,10 +146,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     ben = sub.add_parser("bench", help="plain vs speculative (ours and upstream llama-server), one interleaved run")
     bench.add_arguments(ben)
-    ben.set_defaults(func=bench.main)
+    hub.add_arguments(ben)
+    ben.set_defaults(func=bench.main, model_required=True)
     prof = sub.add_parser("profile", help="drafter acceptance on your prompts, and the best n_max on this machine")
     profiler.add_arguments(prof)
-    prof.set_defaults(func=profiler.main)
+    hub.add_arguments(prof)
+    prof.set_defaults(func=profiler.main, model_required=True, draft_required=True)
 
     mod = sub.add_parser("models", help="list or pull the test/benchmark models")
     mod_sub = mod.add_subparsers(dest="models_cmd")
@@ -198,12 +202,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.argv = argv
     try:
+        _resolve_hub(args, parser)
         return int(args.func(args) or 0)
     except (errors.PydflashError, ValueError, FileNotFoundError) as exc:
         print(f"pydflash: error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
+
+
+def _resolve_hub(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """-hf / -hfd into local paths in args.model / args.model_draft (downloads and conversions are
+    reported on stderr), then the model flags a command cannot do without."""
+    if not hasattr(args, "hf_repo"):
+        return
+    hub.apply_arguments(args)
+    if getattr(args, "model_required", False) and not args.model:
+        parser.error(f"{args.command}: -m MODEL or -hf REPO is required")
+    if getattr(args, "draft_required", False) and not args.model_draft:
+        parser.error(f"{args.command}: -md DRAFTER or -hfd REPO is required")
 
 
 if __name__ == "__main__":

@@ -181,7 +181,8 @@ def _hf() -> ModuleType:
 
 
 def _offline(offline: bool) -> bool:
-    return offline or bool(_hf().constants.is_offline_mode())
+    constants = _hf().constants
+    return offline or bool(getattr(constants, "is_offline_mode", lambda: constants.HF_HUB_OFFLINE)())
 
 
 @dataclass(frozen=True)

@@ -134,8 +134,8 @@ def plot(report: dict, path: Path) -> bool:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompts", required=True, help="a .jsonl file (prompt or messages, optional category), "
                                                     "humaneval, gsm_symbolic, or a comma list")
-    p.add_argument("-m", "--model", required=True, help="target GGUF path or `pydflash models` name")
-    p.add_argument("-md", "--model-draft", required=True, help="DFlash drafter GGUF")
+    p.add_argument("-m", "--model", default=None, help="target GGUF path or `pydflash models` name (or -hf)")
+    p.add_argument("-md", "--model-draft", default=None, help="DFlash drafter GGUF (or -hfd)")
     p.add_argument("--limit", type=int, default=None, help="prompts per source (default: all)")
     p.add_argument("--offset", type=int, default=0)
     p.add_argument("-n", "--max-tokens", type=int, default=128)

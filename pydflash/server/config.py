@@ -6,7 +6,7 @@ import argparse
 import os
 from dataclasses import dataclass
 
-from .. import devices
+from .. import devices, hub
 from ..cli import n_max_arg
 
 __all__ = ["ServerConfig", "build_parser", "config_from_args", "n_ctx_train"]
@@ -67,7 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="OpenAI / llama-server compatible HTTP server on the pydflash engine "
                     "(continuous batching: a request joins the running batch at the next step).",
     )
-    p.add_argument("-m", "--model", default="smollm2-135m", help="target GGUF path or a `pydflash models` name")
+    p.add_argument("-m", "--model", default="smollm2-135m",
+                   help="target GGUF path, a `pydflash models` name or hf:ORG/NAME[:QUANT] (or -hf)")
     p.add_argument("-md", "--spec-draft-model", "--model-draft", dest="model_draft", default=None,
                    help="DFlash/DFlash2 drafter GGUF converted for this target")
     p.add_argument("--spec-type", default=None,
@@ -146,11 +147,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--slot-save-path", default=None, help="folder for slot files (POST /slots/ID?action=save)")
     p.add_argument("--spm-infill", action="store_true", help="suffix/prefix/middle order for /infill")
     p.add_argument("-v", "--verbose", action="store_true", help="llama.cpp's log and an access log")
+    hub.add_arguments(p)
     return p
 
 
 def config_from_args(args: argparse.Namespace) -> ServerConfig:
-    """A validated config; raises SystemExit with the message on a bad combination."""
+    """A validated config; raises SystemExit with the message on a bad combination.
+
+    -hf / -hfd are resolved here (downloads, a drafter converted on first use), so the config holds
+    local paths and an engine reloaded after ``--sleep-idle-seconds`` touches no network;
+    ``pydflash.errors.HubError`` on failure."""
+    hub.apply_arguments(args)
     spec_type = args.spec_type
     if spec_type is None:
         spec_type = "draft-dflash" if args.model_draft else "none"
