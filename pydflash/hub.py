@@ -46,8 +46,8 @@ from types import ModuleType
 
 from . import errors
 
-__all__ = ["HubRef", "add_arguments", "apply_arguments", "checkpoint_dir", "drafter_file", "is_hub_ref",
-           "model_file", "parse", "pick_gguf"]
+__all__ = ["HubRef", "add_arguments", "apply_arguments", "checkpoint_dir", "convert_checkpoint", "drafter_file",
+           "is_hub_ref", "model_file", "parse", "pick_gguf", "pick_sidecar", "sidecar_drafter"]
 
 log = logging.getLogger(__name__)
 
@@ -313,6 +313,46 @@ def model_file(spec: str | HubRef, *, token: str | None = None, offline: bool = 
     return _download(listing, names, ref, token)[0]
 
 
+def _quant_bits(path: str) -> int:
+    """The bits of a file's quantization tag (Q4_K_M -> 4, F16 -> 16), 0 when it has none."""
+    m = re.search(r"[-.]([A-Za-z0-9_]+)$", _split_info(path)[0])
+    bits = re.search(r"\d+", m.group(1)) if m else None
+    return int(bits.group()) if bits else 0
+
+
+def pick_sidecar(files: Sequence[str], model: str, tag: str | None = None, keyword: str = "dflash-") -> str | None:
+    """The ``keyword`` GGUF (a drafter shipped next to a model) to take with ``model``, as llama.cpp picks
+    its sidecars: in the model's directory or above it, the deepest first, then one carrying ``-TAG.``,
+    then the closest quantization bits (to the tag's, else the model's). None when there is none."""
+    model_dirs = model.split("/")[:-1]
+    want_bits = _quant_bits(f"x-{tag}.gguf") if tag else _quant_bits(model)
+    best: tuple[int, bool, int] | None = None
+    choice = None
+    for f in sorted(files):
+        dirs = f.split("/")[:-1]
+        if not f.lower().endswith(".gguf") or keyword not in f or dirs != model_dirs[:len(dirs)]:
+            continue
+        exact = bool(tag) and f"-{tag.upper()}." in f.upper()
+        score = (len(dirs), exact, -abs(_quant_bits(f) - want_bits))
+        if best is None or score > best:
+            best, choice = score, f
+    return choice
+
+
+def sidecar_drafter(spec: str | HubRef, model: str | os.PathLike[str], *, token: str | None = None,
+                    offline: bool = False) -> Path | None:
+    """The ``dflash-`` GGUF a target repository ships next to ``model`` (its downloaded file), if any."""
+    ref = parse(spec) if isinstance(spec, str) else spec
+    listing = _list(ref, token, offline)
+    snapshot = next((p for p in Path(model).parents if p.parent.name == "snapshots"), None)
+    relative = Path(model).relative_to(snapshot).as_posix() if snapshot else Path(model).name
+    name = pick_sidecar(listing.files, relative, ref.tag)
+    if name is None:
+        return None
+    log.info("drafter: %s of %s", name, ref.repo_id)
+    return _download(listing, [name], ref, token)[0]
+
+
 def checkpoint_dir(spec: str | HubRef, *, token: str | None = None, offline: bool = False) -> Path:
     """A DFlash / DFlash2 checkpoint repository (config.json + *.safetensors) as a local snapshot directory."""
     ref = parse(spec) if isinstance(spec, str) else spec
@@ -550,3 +590,15 @@ def _apply(args: argparse.Namespace) -> None:
                                             offline=offline))
     elif getattr(args, "draft_type", None):
         raise errors.InvalidArgumentError("--draft-type applies to a drafter converted from -hfd REPO")
+    elif hf_repo and not getattr(args, "model_draft", None) and _wants_draft(args):
+        # as llama.cpp with --spec-type draft-dflash: a dflash- GGUF shipped in the target's repository
+        sidecar = sidecar_drafter(parse(hf_repo, filename=args.hf_file), args.model, token=token, offline=offline)
+        if sidecar is not None:
+            args.model_draft = str(sidecar)
+
+
+def _wants_draft(args: argparse.Namespace) -> bool:
+    """serve: --spec-type draft-dflash asked for; generate: unless --no-draft (bench, profile: never)."""
+    if hasattr(args, "spec_type"):
+        return "draft-dflash" in (args.spec_type or "")
+    return hasattr(args, "no_draft") and not args.no_draft

@@ -123,6 +123,18 @@ def test_pick_gguf_as_llama_cpp() -> None:
         hub.pick_gguf(["model.safetensors"])
 
 
+def test_pick_sidecar_as_llama_cpp() -> None:
+    files = ["m-Q4_K_M.gguf", "m-Q8_0.gguf", "dflash-m-Q8_0.gguf", "dflash-m-Q4_K_M.gguf", "dflash-m-F16.gguf",
+             "sub/dflash-m-Q4_K_M.gguf"]
+    assert hub.pick_sidecar(files, "m-Q4_K_M.gguf") == "dflash-m-Q4_K_M.gguf"        # the model's bits
+    assert hub.pick_sidecar(files, "m-Q8_0.gguf", "q8_0") == "dflash-m-Q8_0.gguf"    # the tag's
+    assert hub.pick_sidecar(["m-Q5_K_M.gguf", "dflash-m-F16.gguf", "dflash-m-Q4_0.gguf"], "m-Q5_K_M.gguf") \
+        == "dflash-m-Q4_0.gguf"                                                       # the closest bits
+    assert hub.pick_sidecar(["a/m-Q5_K_M.gguf", "dflash-m-Q5_K_M.gguf", "a/dflash-m-F16.gguf", "b/dflash-m.gguf"],
+                            "a/m-Q5_K_M.gguf") == "a/dflash-m-F16.gguf"              # the model's directory first
+    assert hub.pick_sidecar(["m-Q4_K_M.gguf", "mmproj-m.gguf"], "m-Q4_K_M.gguf") is None
+
+
 def test_missing_huggingface_hub_is_one_clear_error(monkeypatch) -> None:  # noqa: ANN001
     monkeypatch.setitem(sys.modules, "huggingface_hub", None)  # import fails as if not installed
     with pytest.raises(errors.HubNotInstalledError, match=r"pip install 'pydflash\[hub\]'"):
@@ -386,7 +398,8 @@ def _blob(seed: int, n: int) -> bytes:
 @pytest.fixture()
 def online(tmp_path: Path) -> Iterator[tuple[FakeHub, dict[str, str], dict[str, bytes]]]:
     files = {"README.md": b"# big\n", "big-Q4_K_M-00001-of-00002.gguf": _blob(1, 24 << 20),
-             "big-Q4_K_M-00002-of-00002.gguf": _blob(2, 1 << 20), "big-Q8_0.gguf": _blob(3, 1 << 20)}
+             "big-Q4_K_M-00002-of-00002.gguf": _blob(2, 1 << 20), "big-Q8_0.gguf": _blob(3, 1 << 20),
+             "dflash-big-Q4_K_M.gguf": _blob(6, 1 << 16)}
     repos = {"acme/Big-GGUF": _Repo("a" * 40, files),
              "acme/Draft-GGUF": _Repo("b" * 40, {"dflash-d-Q4_K_M.gguf": _blob(4, 1 << 16), "d-f16.gguf": b"x"}),
              "acme/Gated-GGUF": _Repo("c" * 40, {"g-Q4_K_M.gguf": _blob(5, 1 << 16)}, gated=True)}
@@ -408,10 +421,12 @@ def test_download_resumes_after_a_dropped_connection(online, tmp_path: Path) -> 
     part1 = "big-Q4_K_M-00001-of-00002.gguf"
     # 16 of 24 MiB, then the connection closes (huggingface_hub writes what it got in 10 MiB chunks)
     server.drop[part1] = 16 << 20
-    proc = _py("print(hub.model_file('hf:acme/Big-GGUF'))\n"
-               "print(hub.drafter_file('hf:acme/Draft-GGUF', 'unused.gguf'))", env)
+    proc = _py("first = hub.model_file('hf:acme/Big-GGUF')\nprint(first)\n"
+               "print(hub.drafter_file('hf:acme/Draft-GGUF', 'unused.gguf'))\n"
+               "print(hub.sidecar_drafter('hf:acme/Big-GGUF', first))", env)
     assert proc.returncode == 0, proc.stderr
-    first, drafter = (Path(line) for line in proc.stdout.split())
+    first, drafter, sidecar = (Path(line) for line in proc.stdout.split())
+    assert sidecar == first.parent / "dflash-big-Q4_K_M.gguf" and sidecar.read_bytes() == files[sidecar.name]
     assert first.name == part1 and first.parent.name == "a" * 40  # Q4_K_M by default, the first part to load
     for name in (part1, "big-Q4_K_M-00002-of-00002.gguf"):
         assert _sha256((first.parent / name).read_bytes()) == _sha256(files[name])
