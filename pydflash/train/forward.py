@@ -4,7 +4,8 @@
 per step drawn from a few sequences. This module evaluates exactly the same math (same
 parameters, same sub-modules) for ``A`` anchors of each of ``S`` padded sequences in one pass:
 
-* the fused context ``g = RMSNorm(W_fc F)`` and its per-layer K/V are computed once per sequence;
+* the fused context ``g = RMSNorm(W_fc F)`` and its per-layer K/V are computed once per sequence,
+  for the rows below its batch's largest anchor only (no block reads the others);
 * block ``a`` of sequence ``s`` (anchor at position ``anchors[s, a]``) attends to the context
   rows at positions ``< anchor`` plus all rows of its own block (non-causal), as at inference.
 
@@ -47,7 +48,8 @@ def batched_conv(z: Tensor, coeff: Tensor, base: Tensor, group_size: int) -> Ten
 
 def _layer(layer, h: Tensor, ctx_k: Tensor, ctx_v: Tensor, ctx_visible: Tensor, rope_blk: tuple[Tensor, Tensor],
            n_anchor: int) -> Tensor:
-    """One decoder layer for blocks ``h`` [S*A, B, H] (see ``DecoderLayer.forward``)."""
+    """One decoder layer for blocks ``h`` [S*A, B, H] (see ``DecoderLayer.forward``); ``ctx_k`` /
+    ``ctx_v`` [S, n, kv, d], ``ctx_visible`` [S*A, n]."""
     attn = layer.self_attn
     n_blocks, blk, hidden = h.shape
     a = layer.input_layernorm(h)
@@ -61,17 +63,22 @@ def _layer(layer, h: Tensor, ctx_k: Tensor, ctx_v: Tensor, ctx_visible: Tensor, 
     kb = attn.k_norm(attn.k_proj(a).view(n_blocks, blk, attn.n_head_kv, attn.head_dim))
     kb = _rope(kb, cos, sin)
     vb = attn.v_proj(a).view(n_blocks, blk, attn.n_head_kv, attn.head_dim)
-    rep = attn.n_head // attn.n_head_kv
-    # context keys are shared by the A blocks of a sequence: [S, n, kv, d] -> per block by index
-    ck = ctx_k.repeat_interleave(n_anchor, dim=0)  # [S*A, n, kv, d]
-    cv = ctx_v.repeat_interleave(n_anchor, dim=0)
-    k = torch.cat([ck, kb], dim=1).repeat_interleave(rep, dim=2)
-    v = torch.cat([cv, vb], dim=1).repeat_interleave(rep, dim=2)
-    scores = torch.einsum("nbhd,nkhd->nhbk", q, k) * attn.head_dim**-0.5
-    visible = torch.cat([ctx_visible, ctx_visible.new_ones(n_blocks, blk)], dim=1)  # [S*A, n + B]
-    scores = scores.masked_fill(~visible[:, None, None, :], float("-inf"))
-    probs = torch.softmax(scores, dim=-1)
-    o = attn.o_proj(torch.einsum("nhbk,nkhd->nbhd", probs, v).reshape(n_blocks, blk, attn.n_head * attn.head_dim))
+    n_seq, n_ctx, n_kv, d = ctx_k.shape
+    rep = attn.n_head // n_kv
+    # Query head kv*rep + r reads KV head kv. Context keys are shared by the A blocks of a sequence,
+    # so scores are batched per (sequence, KV head) against the one copy of them: no per-block or
+    # per-query-head copies of K/V. Layout of every score tensor: [S, kv, A, B, rep, keys].
+    q6 = q.view(n_seq, n_anchor, blk, n_kv, rep, d) * d**-0.5
+    kb6 = kb.view(n_seq, n_anchor, blk, n_kv, d)
+    s_ctx = torch.einsum("sabkrd,snkd->skabrn", q6, ctx_k)
+    s_blk = torch.einsum("sabkrd,sackd->skabrc", q6, kb6)
+    hidden_ctx = ~ctx_visible.view(n_seq, 1, n_anchor, 1, 1, n_ctx)
+    s_ctx = s_ctx.masked_fill(hidden_ctx, float("-inf"))
+    probs = torch.softmax(torch.cat([s_ctx, s_blk], dim=-1), dim=-1)
+    p_ctx, p_blk = probs[..., :n_ctx], probs[..., n_ctx:]
+    o = (torch.einsum("skabrn,snkd->sabkrd", p_ctx, ctx_v)
+         + torch.einsum("skabrc,sackd->sabkrd", p_blk, vb.view(n_seq, n_anchor, blk, n_kv, d)))
+    o = attn.o_proj(o.reshape(n_blocks, blk, attn.n_head * d))
     if conv is not None:
         o = batched_conv(o, coeffs[:, :, 1], conv.base_kernel[1], conv.group_size)
     h = h + o
@@ -108,7 +115,9 @@ def forward_blocks(model: DFlashDrafter, features: Tensor, block_tokens: Tensor,
     """
     cfg = model.config
     n_seq, n_anchor, blk = block_tokens.shape
-    n_ctx = features.shape[1]
+    # no block sees a context row at or past its anchor: rows >= the largest anchor are never read
+    n_ctx = min(features.shape[1], max(1, int(anchors.max())))
+    features = features[:, :n_ctx]
     dtype = model.dtype
     g = model.hidden_norm(model.fc(features.to(dtype)))  # [S, n, H]
     ctx_pos = torch.arange(n_ctx, dtype=torch.int64)
