@@ -16,10 +16,10 @@ from pydflash import Drafter, Target
 from pydflash.reference import DFlashDrafter, TargetWeights, build_lattice
 from pydflash.train.features import CapturedSequence, FeatureCache, capture_sequence, decode_features, encode_features
 from pydflash.train.forward import forward_blocks
-from pydflash.train.loss import selector_loss, slot_weights
+from pydflash.train.loss import drafter_loss, selector_loss, slot_weights
 from pydflash.train.pipeline import capture, export
 from pydflash.train.prompts import HELD_OUT_HUMANEVAL, TrainPrompt
-from pydflash.train.trainer import Trainer, TrainSettings, make_batch
+from pydflash.train.trainer import Trainer, TrainSettings, export_draft_vocab, make_batch
 
 from fixtures_tiny import random_target, smollm2_drafter_config, tiny_config
 
@@ -73,6 +73,16 @@ def test_block_labels_follow_the_target_chain():
     assert b.prev_tokens[0, 0].tolist()[:2] == [6, 7]
     # anchor 3: positions 4, 5, 6 -> labels[3], labels[4], labels[5]
     assert b.labels[0, 1].tolist() == [9, 10, 11] and b.valid[0, 1].all()
+    # a new-style cache: prompt rows (prompt_len 3) carry -1 except the last (unknown: the chain stops
+    # there); a sampled token (9 where the target said 77) ends the chain; the last row's label
+    # predicts a token past the end
+    labels = np.array([-1, -1, 8, 77, 10, 11], dtype=np.int32)
+    seq = CapturedSequence("y", tokens, 3, np.zeros((6, cfg.num_taps, cfg.hidden_size), np.float32), labels)
+    b = make_batch([seq], [np.array([1, 2, 4])], cfg.block_size, cfg.mask_token_id)
+    assert not b.valid[0, 0].any()
+    assert b.valid[0, 1].tolist() == [True, True, False] and b.labels[0, 1].tolist()[:2] == [8, 77]
+    assert b.prev_tokens[0, 1].tolist()[:2] == [7, 8]
+    assert b.valid[0, 2].tolist() == [True, True, False] and b.labels[0, 2].tolist()[:2] == [10, 11]
 
 
 def test_selector_loss_scores_are_lattice_entries():
@@ -100,6 +110,112 @@ def test_selector_loss_scores_are_lattice_entries():
     torch.testing.assert_close(got.float(), want.float(), rtol=1e-5, atol=1e-6)
 
 
+def _chain_breaking_sequences(cfg, seed: int) -> list[CapturedSequence]:
+    """Sequences with unknown prompt labels, a sampled token off the target's chain and a short one."""
+    seqs = random_sequences(cfg, 3, 20, seed=seed)
+    lab = seqs[0].labels.copy()
+    lab[:2] = -1
+    lab[9] = (lab[9] + 1) % (cfg.vocab_size - 1)  # the text continues with another token than the label
+    seqs[0] = CapturedSequence("x", seqs[0].tokens, 3, seqs[0].features, lab)
+    seqs[2] = CapturedSequence("short", seqs[2].tokens[:9], 3, seqs[2].features[:9], seqs[2].labels[:9])
+    return seqs
+
+
+@torch.no_grad()
+def test_draft_vocab_loss_equals_the_full_softmax_restricted_to_kept_rows(tmp_path):
+    """Both losses over a draft vocabulary equal a slow float64 evaluation: per block the reference
+    forward, the full-vocabulary logits restricted to the kept ids, slots with other labels dropped."""
+    cfg = full_attention_config()
+    model = DFlashDrafter.from_config(cfg, seed=1, dtype=torch.float64)
+    target = random_target(cfg.vocab_size, cfg.hidden_size, seed=2)
+    seqs = _chain_breaking_sequences(cfg, seed=4)
+    eog = [cfg.vocab_size - 2]
+    tr = Trainer(model, target, seqs, [], TrainSettings(draft_vocab=20), tmp_path, eog_ids=eog)
+    ids = tr.draft_vocab.numpy()
+    assert len(ids) == 20 and np.all(np.diff(ids) > 0) and eog[0] in ids
+    counts = np.bincount(np.concatenate([s.labels[2:] for s in seqs]).clip(min=0), minlength=cfg.vocab_size)
+    assert counts[ids].min() >= np.delete(counts, ids).max()  # the most frequent continuation labels
+    anchors = [np.array([2, 5, 9, 16]), np.array([2, 7, 12, 17]), np.array([2, 3, 5, 7])]
+    batch = make_batch(seqs, anchors, cfg.block_size, cfg.mask_token_id)
+    lm, sel = tr.losses(batch)
+
+    sel_mod, w = model.candidate_selector, slot_weights(cfg.block_size, 4.0).double()
+    kept = set(ids.tolist())
+    lm_num = lm_den = sel_num = sel_den = 0.0
+    n_dropped = 0
+    for i, seq in enumerate(seqs):
+        feats = seq.features.reshape(len(seq.tokens), -1).astype(np.float64)
+        for a, s in enumerate(anchors[i]):
+            h, z = model.forward_block(feats[:s], np.arange(s), batch.block_tokens[i, a], int(s), target)
+            for j in range(1, cfg.block_size):
+                if not batch.valid[i, a, j - 1]:
+                    continue
+                y, prev = int(batch.labels[i, a, j - 1]), int(batch.prev_tokens[i, a, j - 1])
+                if y not in kept:
+                    n_dropped += 1
+                    continue
+                zk = z[j][ids]
+                lm_num += float(w[j - 1] * (torch.logsumexp(zk, 0) - z[j, y]))
+                lm_den += float(w[j - 1])
+                cands = ids[torch.topk(zk, sel_mod.top_k).indices.numpy()]
+                if y in cands.tolist():
+                    proj = sel_mod.hidden_projection(h[j])
+                    score = z[j][cands] + (sel_mod.predecessor_codebook[prev] * proj * sel_mod.successor_codebook[cands]).sum(-1)
+                    sel_num += float(w[j - 1] * (torch.logsumexp(score, 0) - score[cands.tolist().index(y)]))
+                    sel_den += float(w[j - 1])
+    assert n_dropped > 0 and lm_den > 0 and sel_den > 0
+    assert float(lm) == pytest.approx(lm_num / lm_den, rel=1e-5)
+    assert float(sel) == pytest.approx(sel_num / sel_den, rel=1e-5)
+
+
+def test_head_on_counted_slots_equals_the_all_slots_loss(tmp_path):
+    """Full head: the gathered-rows losses equal the old formulation (head on every slot, masked)."""
+    cfg = full_attention_config()
+    model = DFlashDrafter.from_config(cfg, seed=3, dtype=torch.float64)
+    target = random_target(cfg.vocab_size, cfg.hidden_size, seed=5)
+    seqs = _chain_breaking_sequences(cfg, seed=6)
+    tr = Trainer(model, target, seqs, [], TrainSettings(draft_vocab=0), tmp_path)
+    assert tr.draft_vocab is None
+    batch = make_batch(seqs, [np.array([1, 5, 9, 17]), np.array([2, 7, 12, 18]), np.array([2, 3, 5, 7])],
+                       cfg.block_size, cfg.mask_token_id)
+    assert not batch.valid.all()
+    lm, sel = tr.losses(batch)
+    hidden, logits = forward_blocks(model, batch.features, batch.block_tokens, batch.anchors, target)
+    slots = cfg.block_size - 1
+    h, z = hidden[:, :, 1:].reshape(-1, slots, cfg.hidden_size), logits[:, :, 1:].reshape(-1, slots, cfg.vocab_size)
+    labels, valid = batch.labels.reshape(-1, slots), batch.valid.reshape(-1, slots)
+    w = slot_weights(cfg.block_size, 4.0)
+    torch.testing.assert_close(lm.float(), drafter_loss(z, labels, valid, w).float(), rtol=1e-6, atol=1e-7)
+    want_sel = selector_loss(model.candidate_selector, h, z, batch.prev_tokens.reshape(-1, slots), labels, valid, w)
+    torch.testing.assert_close(sel.float(), want_sel.float(), rtol=1e-6, atol=1e-7)
+
+
+def test_anchors_are_drawn_on_continuations_only(tmp_path):
+    cfg = full_attention_config()
+    rng = np.random.default_rng(0)
+    seqs = []
+    for i, (n, plen) in enumerate([(30, 12), (16, 14), (9, 9), (20, 1)]):  # (9, 9): no continuation
+        tokens = rng.integers(0, cfg.vocab_size - 1, size=n + 1).astype(np.int32)
+        labels = tokens[1:].copy()
+        labels[: max(0, plen - 1)] = -1
+        seqs.append(CapturedSequence(f"s{i}", tokens[:-1], plen, rng.standard_normal((n, cfg.num_taps, cfg.hidden_size))
+                                     .astype(np.float32), labels))
+    tr = Trainer(DFlashDrafter.from_config(cfg, seed=0), random_target(cfg.vocab_size, cfg.hidden_size, dtype=torch.float32),
+                 seqs, [], TrainSettings(seqs_per_step=1, anchors_per_seq=8, draft_vocab=0), tmp_path)
+    assert [s.id for s in tr.train_seqs] == ["s0", "s1", "s3"]
+    seen = {s.id: set() for s in tr.train_seqs}
+    by_first = {}
+    for _ in range(60):
+        b = tr.sample_batch()
+        sid = next(s.id for s in tr.train_seqs if len(s.tokens) > int(b.anchors.max()) and
+                   all(int(s.tokens[a]) == int(t) for a, t in zip(b.anchors[0], b.block_tokens[0, :, 0])))
+        seen[sid].update(b.anchors[0].tolist())
+        by_first[sid] = b
+        assert b.valid[:, :, 0].all()  # slot 1's label (row s) is always known on a continuation
+    assert seen["s0"] <= set(range(11, 29)) and seen["s1"] <= {13, 14} and seen["s3"] <= set(range(1, 19))
+    assert 11 in seen["s0"] and 13 in seen["s1"] and 1 in seen["s3"]
+
+
 def test_a_few_steps_lower_the_loss_on_a_fixed_batch(tmp_path):
     cfg = full_attention_config()
     model = DFlashDrafter.from_config(cfg, seed=0)
@@ -122,7 +238,7 @@ def test_interrupted_training_resumes_exactly(tmp_path):
     cfg = full_attention_config()
     target = random_target(cfg.vocab_size, cfg.hidden_size, seed=1, dtype=torch.float32)
     seqs = random_sequences(cfg, 5, 20)
-    settings = TrainSettings(steps=6, lr=1e-3, warmup=2, checkpoint_every=3, eval_every=3, seed=5)
+    settings = TrainSettings(steps=6, lr=1e-3, warmup=2, checkpoint_every=3, eval_every=3, seed=5, draft_vocab=48)
 
     straight = Trainer(DFlashDrafter.from_config(cfg, seed=0), target, seqs, seqs[:1], settings, tmp_path / "a")
     straight.fit()
@@ -130,8 +246,11 @@ def test_interrupted_training_resumes_exactly(tmp_path):
     first = Trainer(DFlashDrafter.from_config(cfg, seed=0), target, seqs, seqs[:1],
                     TrainSettings(**{**settings.__dict__, "steps": 3}), tmp_path / "b")
     first.fit()  # "interrupted" after 3 steps (checkpoint written)
-    resumed = Trainer(DFlashDrafter.from_config(cfg, seed=9), target, seqs, seqs[:1], settings, tmp_path / "b")
+    # the resumed run starts from other data (so another vocabulary would be chosen): it keeps the checkpoint's
+    resumed = Trainer(DFlashDrafter.from_config(cfg, seed=9), target, seqs[1:], seqs[:1], settings, tmp_path / "b")
     assert resumed.load_checkpoint() and resumed.step == 3
+    assert torch.equal(resumed.draft_vocab, first.draft_vocab) and len(first.draft_vocab) == 48
+    resumed.train_seqs = straight.train_seqs
     resumed.fit()
     for (name, a), b in zip(straight.model.state_dict().items(), resumed.model.state_dict().values()):
         assert torch.equal(a, b), name
@@ -223,4 +342,21 @@ def test_export_convert_load_matches_the_torch_model(small_cache, smollm2_path, 
     nmse = lambda a, b: float(((a - b.numpy()) ** 2).sum() / (b.numpy() ** 2).sum())  # noqa: E731
     assert nmse(hidden, want_h) < 1e-8 and nmse(logits, want_z) < 1e-8
     want = ref.propose(want_h, want_z, int(seq.tokens[s]))
+    assert prop.tokens.tolist() == want.tokens.tolist()
+
+    # the same drafter with the draft vocabulary it was trained with (d2t): the engine drafts what the
+    # float64 reference drafts on logits restricted to those ids (-inf elsewhere)
+    ids = trainer.draft_vocab.numpy()
+    assert len(ids) == 8192
+    reduced = export_draft_vocab([files[0]], smollm2_path, ids, trainer.draft_vocab_report)[0]
+    with Drafter(reduced, smollm2_path, n_ctx=128, n_threads=1, exact_head=True) as d:
+        assert d.draft_vocab.tolist() == ids.tolist()
+        d.inject(feats[:s], np.arange(s))
+        hidden, logits = d.forward(int(seq.tokens[s]), s)
+        prop = d.propose(int(seq.tokens[s]), s)
+    assert nmse(hidden, want_h) < 1e-8 and nmse(logits, want_z[:, ids]) < 1e-8
+    masked = torch.full_like(want_z, float("-inf"))
+    masked[:, ids] = want_z[:, ids]
+    want = ref.propose(want_h, masked, int(seq.tokens[s]))
+    assert set(want.tokens.tolist()) <= set(ids.tolist())
     assert prop.tokens.tolist() == want.tokens.tolist()

@@ -17,6 +17,13 @@ the true token y_j among the candidates, over the slots where y_j is a candidate
 selector cannot recover a token the drafter did not rank in its top K), with the same slot
 weights. Teacher forcing on y_{j-1} matches what the walk sees whenever the previous draft was
 accepted, which is the only case in which slot j's draft can count.
+
+Draft vocabulary: with ``vocab_ids`` (the N kept target ids, ascending) the logits are the N
+kept head rows only; the drafter loss is the softmax over those rows, the selector's top-K runs
+over them and its candidates are mapped to target ids before anything reads them (codebook rows,
+comparisons with labels), exactly as the native engine drafts with a ``d2t`` drafter. Every
+function takes its slots as any leading shape (``[N, B-1]`` blocks or ``[M]`` gathered rows);
+``weights`` broadcasts against the labels.
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
-from ..reference.selector import CandidateSelector
+from ..reference.selector import CandidateSelector, top_k_candidates
 
 __all__ = ["LossParts", "slot_weights", "drafter_loss", "selector_loss", "greedy_acceptance"]
 
@@ -47,22 +54,26 @@ class LossParts:
 
 
 def drafter_loss(logits: Tensor, labels: Tensor, valid: Tensor, weights: Tensor) -> Tensor:
-    """Position-decayed CE. ``logits`` [N, B-1, V], ``labels``/``valid`` [N, B-1], ``weights`` [B-1]."""
+    """Position-decayed CE. ``logits`` [..., V], ``labels``/``valid`` [...] (labels are column
+    indices of ``logits``: draft ids with a draft vocabulary), ``weights`` broadcasting to [...]
+    ([B-1] per slot for [N, B-1] blocks, [M] per row for gathered rows)."""
     ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1).clamp(min=0),
                          reduction="none").view(labels.shape)
-    w = weights[None, :] * valid
+    w = weights * valid
     return (ce * w).sum() / w.sum().clamp(min=1e-9)
 
 
 def selector_loss(selector: CandidateSelector, hidden: Tensor, logits: Tensor, prev_tokens: Tensor,
-                  labels: Tensor, valid: Tensor, weights: Tensor) -> Tensor:
-    """Candidate-lattice CE (module docstring). hidden [N, B-1, H], logits [N, B-1, V],
-    prev_tokens/labels/valid [N, B-1]."""
-    unary, cands = torch.topk(logits.detach(), selector.top_k, dim=-1)  # [N, B-1, K]
-    proj = selector.hidden_projection(hidden.detach())  # [N, B-1, r]
-    cond = selector.predecessor_codebook[prev_tokens.clamp(min=0)] * proj  # [N, B-1, r]
-    succ = selector.successor_codebook[cands]  # [N, B-1, K, r]
-    scores = unary.float() + torch.einsum("nbr,nbkr->nbk", cond, succ).float()
+                  labels: Tensor, valid: Tensor, weights: Tensor, vocab_ids: Tensor | None = None) -> Tensor:
+    """Candidate-lattice CE (module docstring). hidden [..., H], logits [..., V] (V = N draft rows
+    when ``vocab_ids`` maps them to target ids), prev_tokens/labels/valid [...] (target ids)."""
+    unary, cands = torch.topk(logits.detach(), selector.top_k, dim=-1)  # [..., K]
+    if vocab_ids is not None:
+        cands = vocab_ids[cands]
+    proj = selector.hidden_projection(hidden.detach())  # [..., r]
+    cond = selector.predecessor_codebook[prev_tokens.clamp(min=0)] * proj  # [..., r]
+    succ = selector.successor_codebook[cands]  # [..., K, r]
+    scores = unary.float() + torch.einsum("...r,...kr->...k", cond, succ).float()
     hit = cands == labels[..., None]
     present = hit.any(-1) & valid
     target = hit.float().argmax(-1)
@@ -73,18 +84,25 @@ def selector_loss(selector: CandidateSelector, hidden: Tensor, logits: Tensor, p
 
 @torch.no_grad()
 def greedy_acceptance(selector: CandidateSelector | None, hidden: Tensor, logits: Tensor, anchors_tok: Tensor,
-                      labels: Tensor, valid: Tensor) -> tuple[Tensor, Tensor]:
+                      labels: Tensor, valid: Tensor, vocab_ids: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """Teacher-forced greedy drafting of each block, compared with the target's tokens.
 
     Walks the selector lattice greedily (argmax of each slot for a v1 drafter) exactly as the
-    engine does, then counts the accepted prefix. Returns (accepted drafts per block [N],
-    per-slot "accepted up to here" counts [B-1]); tau = 1 + mean accepted.
+    engine does, then counts the accepted prefix. With ``vocab_ids`` the logits are the draft
+    rows: top-K (ties to the lower draft id = the lower target id, ids being ascending) and argmax
+    run over them and picks are mapped to target ids, as the engine drafts with a ``d2t`` file.
+    Returns (accepted drafts per block [N], per-slot "accepted up to here" counts [B-1]);
+    tau = 1 + mean accepted.
     """
     n, slots, _ = logits.shape
     if selector is None:
         drafts = logits.argmax(-1)
+        if vocab_ids is not None:
+            drafts = vocab_ids[drafts]
     else:
-        unary, cands = torch.topk(logits, selector.top_k, dim=-1)
+        cands, unary = top_k_candidates(logits, selector.top_k)
+        if vocab_ids is not None:
+            cands = vocab_ids[cands]
         proj = selector.hidden_projection(hidden)
         succ = selector.successor_codebook[cands]  # [N, S, K, r]
         drafts = torch.empty(n, slots, dtype=torch.int64)

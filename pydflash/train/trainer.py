@@ -1,11 +1,18 @@
 """The training loop: random anchors over cached sequences, checkpoint / resume, logs.
 
 One step draws ``seqs_per_step`` cached sequences and ``anchors_per_seq`` anchor positions in
-each (uniformly over positions 1 .. n-2; the seeded generator's state is checkpointed, so an
-interrupted run resumes bit for bit). The block of anchor s is ``[x_s, MASK, ...]`` and slot j
-is labelled with the target's greedy token at s + j. On the prompt part of a sequence the
-target's teacher-forced argmax is only its greedy chain while the prompt agrees with it, so a
-slot counts only while every earlier token of the block equals the target's prediction.
+each, on the *continuation* (positions prompt_len-1 .. n-2: where the engine drafts; the seeded
+generator's state is checkpointed, so an interrupted run resumes bit for bit). The block of
+anchor s is ``[x_s, MASK, ...]`` and slot j is labelled with the target's greedy token for
+position s + j, ``labels[s + j - 1]``. A slot counts only while its label is known (>= 0: caches
+label prompt rows -1 except the last) and every earlier token of the block equals the target's
+prediction (on a sampled continuation, or the prompt of an old cache, the teacher-forced argmax
+is the greedy chain only while the text agrees with it).
+
+Draft vocabulary (``TrainSettings.draft_vocab`` = N > 0): the drafter loss is the softmax over the
+N head rows the exported drafter keeps (its ``d2t``), chosen from the training labels'
+frequencies (plus end-of-generation ids), stored in the checkpoint and exported with
+:func:`export_draft_vocab`. The head is applied to the counted slots only (gathered rows).
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -28,7 +35,10 @@ from .features import CapturedSequence, decode_features
 from .forward import check_trainable, forward_blocks
 from .loss import drafter_loss, greedy_acceptance, lr_at, selector_loss, slot_weights
 
-__all__ = ["TrainSettings", "Trainer", "Batch", "make_batch"]
+__all__ = ["TrainSettings", "Trainer", "Batch", "make_batch", "choose_draft_vocab", "export_draft_vocab",
+           "cpu_has_fast_bf16"]
+
+COVERAGE_AT = (2048, 4096, 8192, 16384, 32768)
 
 
 @dataclass
@@ -46,6 +56,11 @@ class TrainSettings:
     checkpoint_every: int = 100
     eval_every: int = 100
     max_minutes: float | None = None
+    # draft vocabulary size N (0 or >= the target's vocabulary = the full head); coverage: docs/training.md
+    draft_vocab: int = 8192
+    # "auto": bf16 autocast iff the CPU has native bf16 math (AVX512-BF16 / AMX), else float32;
+    # "bf16" / "fp32" force it (measured: docs/training.md)
+    autocast: str = "auto"
 
 
 @dataclass
@@ -58,48 +73,122 @@ class Batch:
     valid: torch.Tensor  # [S, A, B-1] bool
 
 
-def _features(seq: CapturedSequence) -> np.ndarray:
+def _features(seq: CapturedSequence, rows: int | None = None) -> np.ndarray:
+    """The first ``rows`` feature rows (all by default) as float32 ``[rows, L*H]``."""
     f = seq.features
     if isinstance(f, tuple):
-        f = decode_features(*f)
+        f = decode_features(f[0][:rows], f[1][:rows])
+    else:
+        f = f[:rows]
     return f.reshape(f.shape[0], -1)
 
 
 def make_batch(seqs: list[CapturedSequence], anchors: list[np.ndarray], block_size: int, mask_id: int) -> Batch:
-    """Blocks for given anchors of given sequences (labels per the module docstring)."""
-    n_ctx = max(len(s.tokens) for s in seqs)
-    width = _features(seqs[0]).shape[1]
-    feats = np.zeros((len(seqs), n_ctx, width), dtype=np.float32)
-    a_max = len(anchors[0])
-    blk = np.full((len(seqs), a_max, block_size), mask_id, dtype=np.int64)
-    labels = np.zeros((len(seqs), a_max, block_size - 1), dtype=np.int64)
-    prev = np.zeros_like(labels)
-    valid = np.zeros(labels.shape, dtype=bool)
-    for i, (seq, anc) in enumerate(zip(seqs, anchors)):
-        f = _features(seq)
+    """Blocks for given anchors of given sequences (labels per the module docstring).
+
+    Features are decoded only for the rows a block can see (below the largest anchor)."""
+    anc = np.stack([np.asarray(a, dtype=np.int64) for a in anchors])  # [S, A]
+    n_seq = len(seqs)
+    n_max = max(len(s.tokens) for s in seqs)
+    n_feat = max(1, int(anc.max()))
+    f0 = seqs[0].features
+    width = int(np.prod((f0[0] if isinstance(f0, tuple) else f0).shape[1:]))
+    feats = np.zeros((n_seq, n_feat, width), dtype=np.float32)
+    # tokens / labels padded past the end: -2 never equals a label, -1 is "no label"
+    tok = np.full((n_seq, n_max + block_size), -2, dtype=np.int64)
+    lab = np.full((n_seq, n_max + block_size), -1, dtype=np.int64)
+    for i, seq in enumerate(seqs):
+        n = len(seq.tokens)
+        tok[i, :n], lab[i, :n] = seq.tokens, seq.labels
+        f = _features(seq, min(n, int(anc[i].max())))
         feats[i, : len(f)] = f
-        tokens, lab = seq.tokens.astype(np.int64), seq.labels.astype(np.int64)
-        n = len(tokens)
-        for a, s in enumerate(anc):
-            blk[i, a, 0] = tokens[s]
-            ok = True
-            for j in range(1, block_size):
-                p = s + j - 1  # the row whose argmax predicts position s + j
-                if p >= n or not ok:
-                    break
-                labels[i, a, j - 1] = lab[p]
-                prev[i, a, j - 1] = tokens[s] if j == 1 else tokens[p]
-                valid[i, a, j - 1] = True
-                # the next slot's label is the greedy chain only if token s+j is what the target says
-                ok = p + 1 < n and tokens[p + 1] == lab[p]
-    return Batch(torch.from_numpy(feats), torch.from_numpy(blk), torch.from_numpy(np.stack(anchors).astype(np.int64)),
-                 torch.from_numpy(labels), torch.from_numpy(prev), torch.from_numpy(valid))
+    rows = np.arange(n_seq)[:, None, None]
+    pos = anc[:, :, None] + np.arange(block_size - 1)[None, None, :]  # slot j's label row s + j - 1
+    lab_p, tok_p = lab[rows, pos], tok[rows, pos]
+    # slot j+1's label is the greedy chain only if token s+j is what the target said at row s+j-1
+    chain = lab_p == tok[rows, pos + 1]
+    before = np.cumprod(np.concatenate([np.ones_like(chain[..., :1]), chain[..., :-1]], axis=-1), axis=-1)
+    valid = (lab_p >= 0) & before.astype(bool)
+    blk = np.full((n_seq, anc.shape[1], block_size), mask_id, dtype=np.int64)
+    blk[..., 0] = tok[rows[..., 0], anc]
+    return Batch(torch.from_numpy(feats), torch.from_numpy(blk), torch.from_numpy(anc),
+                 torch.from_numpy(np.where(valid, lab_p, 0)), torch.from_numpy(np.where(valid, tok_p, 0)),
+                 torch.from_numpy(valid))
 
 
-def _logits(model: DFlashDrafter, h: torch.Tensor, target: TargetWeights) -> torch.Tensor:
-    """The drafter's logits of ``[N, B-1, H]`` hidden rows as one 2-D mat-mul (3-D inputs take a
-    much slower batched path on CPU)."""
-    return model.logits(h.reshape(-1, h.shape[-1]), target).view(*h.shape[:-1], -1)
+def _anchor_range(seq: CapturedSequence) -> tuple[int, int]:
+    """Anchors s = lo .. hi: on the continuation (slot 1's label, row s, is the target's first
+    continuation argmax at s = prompt_len - 1), with at least one context row and one label."""
+    return max(1, seq.prompt_len - 1), len(seq.tokens) - 2
+
+
+def choose_draft_vocab(seqs: list[CapturedSequence], n_vocab: int, n: int, *, always: Sequence[int] = (),
+                       held_out: list[CapturedSequence] | None = None) -> tuple[np.ndarray, dict]:
+    """The ``n`` target ids (ascending) the drafter's softmax keeps: ``always`` (end-of-generation
+    ids), then by descending frequency among the training labels on the continuations, then by
+    prompt-token frequency, then by id (``pydflash.draft_vocab.choose``). Returns the ids and a
+    report: the share of training labels each vocabulary size covers, and of ``held_out`` labels
+    the chosen vocabulary covers (an out-of-sample estimate of what the drafter can draft)."""
+    from ..draft_vocab import TokenCounts, choose, coverage
+
+    def count(group: list[CapturedSequence]) -> tuple[np.ndarray, np.ndarray]:
+        out = np.zeros(n_vocab, dtype=np.int64)
+        fed = np.zeros(n_vocab, dtype=np.int64)
+        for s in group:
+            lo = max(0, s.prompt_len - 1)
+            lab = np.asarray(s.labels[lo:], dtype=np.int64)
+            out += np.bincount(lab[(lab >= 0) & (lab < n_vocab)], minlength=n_vocab)
+            tok = np.asarray(s.tokens[:lo], dtype=np.int64)
+            fed += np.bincount(tok[(tok >= 0) & (tok < n_vocab)], minlength=n_vocab)
+        return out, fed
+
+    out, fed = count(seqs)
+    counts = TokenCounts(output=out, prompt=fed, n_prompts=len(seqs))
+    ids = choose(counts, n, always=always)
+    report = {"n": int(n), "train_labels": counts.n_output, "distinct_train_labels": int(np.count_nonzero(out)),
+              "train_coverage": {str(k): round(v, 4) for k, v in coverage(counts, sorted({*COVERAGE_AT, n})).items()
+                                 if k <= n_vocab}}
+    if held_out:
+        ho, _ = count(held_out)
+        if ho.sum():
+            report["held_out_coverage"] = round(float(ho[ids].sum() / ho.sum()), 4)
+    return ids, report
+
+
+def export_draft_vocab(files: Sequence[str | os.PathLike], target_gguf: str | os.PathLike, ids: np.ndarray,
+                       report: dict | None = None) -> list[Path]:
+    """Rewrite each exported full-vocabulary drafter GGUF in place as its reduced-vocabulary form
+    (``d2t`` = ``ids``, own ``output.weight`` = those rows of the target's head:
+    ``pydflash.draft_vocab.write_reduced_drafter``), the vocabulary the drafter was trained with."""
+    from ..draft_vocab import write_reduced_drafter
+
+    extra: dict[str, float | str] = {"pydflash.draft_vocab.calibration": "training labels (pydflash train)"}
+    cover = (report or {}).get("held_out_coverage")
+    if cover is not None:
+        extra["pydflash.draft_vocab.coverage"] = float(cover)
+    out = []
+    for f in files:
+        f = Path(f)
+        tmp = f.with_name(f.stem + ".d2t.gguf")
+        write_reduced_drafter(f, tmp, target_gguf, ids, extra_metadata=extra)
+        os.replace(tmp, f)
+        out.append(f)
+    return out
+
+
+def cpu_has_fast_bf16() -> bool:
+    """Whether this CPU multiplies bf16 natively (x86 AVX512-BF16 or AMX-BF16; arm64 BF16): only
+    then is bf16 autocast faster than float32 (without it torch converts and is slower)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    flags: set[str] = set()
+    for line in text.splitlines():
+        if line.startswith(("flags", "Features")):
+            flags.update(line.split(":", 1)[1].split())
+            break
+    return bool(flags & {"avx512_bf16", "amx_bf16", "bf16"})
 
 
 def _crop(seq: CapturedSequence, max_len: int) -> CapturedSequence:
@@ -115,20 +204,31 @@ class Trainer:
     """Train ``model`` on cached sequences; checkpoints live in ``out_dir``.
 
     ``train_seqs`` / ``val_seqs`` are cached sequences (features may stay encoded); ``target``
-    provides the frozen embedding rows and head.
+    provides the frozen embedding rows and head; ``eog_ids`` (the target's end-of-generation
+    tokens) are always in the draft vocabulary.
     """
 
     def __init__(self, model: DFlashDrafter, target: TargetWeights, train_seqs: list[CapturedSequence],
                  val_seqs: list[CapturedSequence], settings: TrainSettings, out_dir: str | os.PathLike,
-                 log: Callable[[str], None] | None = None) -> None:
+                 log: Callable[[str], None] | None = None, eog_ids: Sequence[int] = ()) -> None:
         check_trainable(model)
         if model.config.mask_token_id is None:
             raise ValueError("the drafter config needs a mask_token_id")
+        if settings.autocast not in ("auto", "bf16", "fp32"):
+            raise ValueError(f"autocast must be auto, bf16 or fp32, got {settings.autocast!r}")
+        n_vocab = model.config.vocab_size
+        if settings.draft_vocab < 0:
+            raise ValueError(f"draft_vocab must be >= 0 (0 or >= the vocabulary: the full head), got {settings.draft_vocab}")
         self.model, self.target, self.settings = model, target, settings
-        self.train_seqs = [_crop(s, settings.max_len) for s in train_seqs if len(s.tokens) >= 3]
-        self.val_seqs = [_crop(s, settings.max_len) for s in val_seqs if len(s.tokens) >= 3]
+
+        def usable(s: CapturedSequence) -> bool:
+            lo, hi = _anchor_range(s)
+            return hi >= lo  # a sequence whose continuation is empty gives no anchor
+
+        self.train_seqs = [c for c in (_crop(s, settings.max_len) for s in train_seqs) if usable(c)]
+        self.val_seqs = [c for c in (_crop(s, settings.max_len) for s in val_seqs) if usable(c)]
         if not self.train_seqs:
-            raise ValueError("no training sequences (need at least 3 tokens each)")
+            raise ValueError("no training sequences (each needs a continuation and at least 3 tokens)")
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
@@ -139,6 +239,24 @@ class Trainer:
         self.history: list[dict] = []
         self.weights = slot_weights(model.config.block_size, settings.gamma)
         self._val_batch: Batch | None = None
+        self.bf16 = settings.autocast == "bf16" or (settings.autocast == "auto" and cpu_has_fast_bf16())
+        self.draft_vocab_report: dict = {}
+        ids = None
+        if 0 < settings.draft_vocab < n_vocab:
+            ids, self.draft_vocab_report = choose_draft_vocab(self.train_seqs, n_vocab, settings.draft_vocab,
+                                                              always=eog_ids, held_out=self.val_seqs)
+        self._set_draft_vocab(ids)
+
+    def _set_draft_vocab(self, ids: np.ndarray | torch.Tensor | None) -> None:
+        """Use the target ids ``ids`` (ascending) as the softmax's rows (None: the full head)."""
+        if ids is None:
+            self.draft_vocab, self.head, self.to_draft = None, self.target, None
+            return
+        ids_t = torch.as_tensor(np.asarray(ids), dtype=torch.int64)
+        self.draft_vocab = ids_t
+        self.head = TargetWeights(self.target.embed_tokens, self.target.lm_head[ids_t].contiguous())
+        self.to_draft = torch.full((self.model.config.vocab_size,), -1, dtype=torch.int64)
+        self.to_draft[ids_t] = torch.arange(len(ids_t))
 
     # -- checkpoints --
 
@@ -155,6 +273,8 @@ class Trainer:
             "config": self.model.config.to_hf(),
             "settings": asdict(self.settings),
             "history": self.history,
+            "draft_vocab": None if self.draft_vocab is None else self.draft_vocab.clone(),
+            "draft_vocab_report": self.draft_vocab_report,
         }
         tmp = self.checkpoint_path.with_suffix(".pt.tmp")
         torch.save(state, tmp)
@@ -162,7 +282,11 @@ class Trainer:
         return self.checkpoint_path
 
     def load_checkpoint(self) -> bool:
-        """Resume from ``out_dir/checkpoint.pt`` if present; returns whether it did."""
+        """Resume from ``out_dir/checkpoint.pt`` if present; returns whether it did.
+
+        The draft vocabulary stays the checkpoint's (the one the optimizer state was built on),
+        unless ``settings.draft_vocab`` asks for another size (the weights do not depend on it:
+        the head is the target's)."""
         if not self.checkpoint_path.exists():
             return False
         state = torch.load(self.checkpoint_path, weights_only=False)
@@ -174,6 +298,11 @@ class Trainer:
         self.generator.set_state(state["generator"])
         self.step = int(state["step"])
         self.history = list(state["history"])
+        saved = state.get("draft_vocab")
+        wanted = self.settings.draft_vocab
+        if saved is not None and len(saved) == wanted:
+            self._set_draft_vocab(saved)
+            self.draft_vocab_report = dict(state.get("draft_vocab_report") or {})
         return True
 
     # -- steps --
@@ -184,22 +313,44 @@ class Trainer:
         seqs = [self.train_seqs[i] for i in idx]
         anchors = []
         for s in seqs:
-            hi = len(s.tokens) - 1  # anchors 1 .. n-2: at least one context row and one label
-            anchors.append((1 + torch.randint(hi - 1, (st.anchors_per_seq,), generator=self.generator)).numpy())
+            lo, hi = _anchor_range(s)
+            anchors.append((lo + torch.randint(hi - lo + 1, (st.anchors_per_seq,), generator=self.generator)).numpy())
         return make_batch(seqs, anchors, cfg.block_size, cfg.mask_token_id)
 
-    def losses(self, batch: Batch):  # type: ignore[no-untyped-def]
+    def _autocast(self):  # type: ignore[no-untyped-def]
+        return torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.bf16)
+
+    def _slots(self, batch: Batch, keep: torch.Tensor):  # type: ignore[no-untyped-def]
+        """Final hidden rows of the slots ``keep`` [S, A, B-1] (gathered, [M, H]) and their logits
+        over the draft vocabulary (or the full head) [M, V']."""
         hidden, _ = forward_blocks(self.model, batch.features, batch.block_tokens, batch.anchors, self.target,
                                    with_logits=False)
-        h = hidden[:, :, 1:].reshape(-1, hidden.shape[2] - 1, hidden.shape[3])
-        logits = _logits(self.model, h, self.target)
-        labels = batch.labels.reshape(h.shape[0], -1)
-        valid = batch.valid.reshape(h.shape[0], -1)
-        lm = drafter_loss(logits, labels, valid, self.weights)
+        h = hidden[:, :, 1:][keep]
+        return h, self.model.logits(h, self.head)
+
+    def losses(self, batch: Batch):  # type: ignore[no-untyped-def]
+        """(drafter loss, selector loss) of ``batch``. The head runs on the counted slots only.
+
+        With a draft vocabulary, slots whose label is outside it are dropped from both losses: the
+        engine can never draft that token (a reduced head has no row for it), so there is nothing
+        to teach that slot; mapping them to an extra "miss" class would need a head row that the
+        exported drafter does not have. ``draft_vocab_report`` gives the share this drops.
+        """
+        keep = batch.valid
+        if self.to_draft is not None:
+            keep = keep & (self.to_draft[batch.labels] >= 0)
+        w = self.weights.expand_as(keep)[keep]
+        labels = batch.labels[keep]
+        with self._autocast():
+            h, logits = self._slots(batch, keep)
+        if self.bf16:
+            h, logits = h.float(), logits.float()
+        ones = torch.ones_like(labels, dtype=torch.bool)
+        lm = drafter_loss(logits, labels if self.to_draft is None else self.to_draft[labels], ones, w)
         sel = torch.zeros(())
         if self.model.candidate_selector is not None:
-            prev = batch.prev_tokens.reshape(h.shape[0], -1)
-            sel = selector_loss(self.model.candidate_selector, h, logits, prev, labels, valid, self.weights)
+            sel = selector_loss(self.model.candidate_selector, h, logits, batch.prev_tokens[keep], labels, ones, w,
+                                self.draft_vocab)
         return lm, sel
 
     def train_step(self, batch: Batch | None = None) -> dict:
@@ -225,6 +376,8 @@ class Trainer:
 
         Fixed anchors on the *continuations* (where drafting happens at inference and the labels
         are exactly the target's greedy chain); a draft past the sequence end counts as rejected.
+        With a draft vocabulary the walk runs over it as the engine runs a ``d2t`` drafter (a
+        label outside it is a rejection).
         """
         if not self.val_seqs:
             return {}
@@ -237,16 +390,27 @@ class Trainer:
                                          self.model.config.mask_token_id)
         b = self._val_batch
         self.model.eval()
-        hidden, _ = forward_blocks(self.model, b.features, b.block_tokens, b.anchors, self.target, with_logits=False)
-        h = hidden[:, :, 1:].reshape(-1, hidden.shape[2] - 1, hidden.shape[3])
-        logits = _logits(self.model, h, self.target)
-        labels, valid = b.labels.reshape(h.shape[0], -1), b.valid.reshape(h.shape[0], -1)
-        accepted, per_slot = greedy_acceptance(self.model.candidate_selector, h, logits,
-                                               b.block_tokens[:, :, 0].reshape(-1), labels, valid)
-        n_blocks = accepted.shape[0]
+        with self._autocast():
+            h_rows, z_rows = self._slots(b, b.valid)
+        # the walk needs every slot of a block: rows that do not count get zeros (never accepted)
+        n_blocks, slots = b.valid.shape[0] * b.valid.shape[1], b.valid.shape[2]
+        h = h_rows.new_zeros(b.valid.shape + h_rows.shape[-1:]).float()
+        h[b.valid] = h_rows.float()
+        logits = z_rows.new_zeros(b.valid.shape + z_rows.shape[-1:]).float()
+        logits[b.valid] = z_rows.float()
+        labels, valid = b.labels.reshape(n_blocks, slots), b.valid.reshape(n_blocks, slots)
+        accepted, per_slot = greedy_acceptance(self.model.candidate_selector, h.view(n_blocks, slots, -1),
+                                               logits.view(n_blocks, slots, -1), b.block_tokens[:, :, 0].reshape(-1),
+                                               labels, valid, self.draft_vocab)
+        lab = b.labels[b.valid]
+        known = torch.ones_like(lab, dtype=torch.bool)
+        if self.to_draft is not None:
+            known = self.to_draft[lab] >= 0
+            lab = self.to_draft[lab]
+        w = self.weights.expand_as(b.valid)[b.valid]
         return {"val_tau": 1.0 + float(accepted.float().mean()),
                 "val_accept_per_slot": [round(float(x) / n_blocks, 4) for x in per_slot],
-                "val_loss": float(drafter_loss(logits, labels, valid, self.weights))}
+                "val_loss": float(drafter_loss(z_rows.float(), lab, known, w))}
 
     def fit(self, on_step: Callable[[dict], None] | None = None) -> list[dict]:
         """Run until ``settings.steps`` (or ``max_minutes``), checkpointing and validating."""
