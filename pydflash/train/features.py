@@ -1,13 +1,18 @@
 """Training data from the GGUF target alone: its own continuations, tap features and labels.
 
-For each prompt the target writes its greedy continuation (batched plain decoding through the
-native engine); then the whole sequence (prompt + continuation) is decoded once more with the
-drafter's taps on, giving for every position p
+The target writes continuations of the prompts (greedy, and optionally sampled) through the
+native scheduler, many sequences per step, and captures while it generates (one pass: nothing is
+decoded twice), for every position p it decodes:
 
 * ``features[p]``: the L tapped hidden states (HF layer ids ``l``, i.e. the *inputs* of target
   layers ``l + 1``, spec 3.1), and
-* ``labels[p]``: the target's own argmax prediction for position p + 1 (teacher forced). On the
-  continuation this is the next token itself; on the prompt it is what the target would have said.
+* ``labels[p]``: the target's own argmax prediction for position p + 1. On a greedy continuation
+  this is the next token itself; on a sampled one it is what greedy decoding would have said
+  there. Prompt rows carry -1 (no logits are computed there) except the last one, whose label is
+  the target's first greedy token.
+
+The last generated token is never decoded, so a sequence keeps its tokens up to the last row with
+features (one token fewer than was generated).
 
 The cache stores features compactly as float16 *scaled per row and tap* (each row divided by its
 absolute maximum, kept as float32): hidden states carry "massive activations" (a few channels
@@ -21,13 +26,15 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
 __all__ = [
     "FeatureCache",
     "CapturedSequence",
+    "Continuation",
+    "capture_continuations",
     "capture_sequence",
     "decode_features",
     "encode_features",
@@ -74,6 +81,59 @@ def generate_continuations(target, prompts: Sequence[Sequence[int]], *, max_toke
         results = target.generate_batch(chunk, max_tokens=max_tokens, temperature=0.0)
         out.extend(list(r.tokens) for r in results)
     return out
+
+
+@dataclass(frozen=True)
+class Continuation:
+    """One sequence to capture: an id, the prompt's tokens and how to continue it."""
+
+    id: str
+    prompt: Sequence[int]
+    temperature: float = 0.0
+    seed: int = 0
+
+
+def capture_continuations(target, jobs: Iterable[Continuation], tap_layers: Sequence[int], *, max_tokens: int,
+                          n_parallel: int, top_k: int = 0, top_p: float = 1.0) -> Iterator[CapturedSequence]:  # type: ignore[no-untyped-def]
+    """Generate every job's continuation and capture its rows in the same pass.
+
+    Runs plain decoding through one native ``Scheduler`` over ``target`` (which needs
+    ``n_seq_max >= n_parallel``), keeping ``n_parallel`` sequences in flight (continuous batching:
+    a finished one is replaced at once), so each step decodes many rows through the multi-row
+    kernels. Yields each sequence as it finishes (not in job order).
+    """
+    from ..generation import SamplingOptions
+    from ..scheduler import Scheduler
+
+    sched = Scheduler(target, None, n_max=0)
+    try:
+        sched.set_capture([int(layer) + 1 for layer in tap_layers])
+        pending = iter(jobs)
+        running: dict[int, Continuation] = {}
+
+        def refill() -> None:
+            while len(running) < n_parallel:
+                job = next(pending, None)
+                if job is None:
+                    return
+                opts = SamplingOptions.build(max_tokens=max_tokens, temperature=job.temperature, seed=job.seed,
+                                             top_k=top_k, top_p=top_p, min_p=0.0)
+                running[sched.add(list(job.prompt), opts, cache_prompt=False, capture=True)] = job
+
+        refill()
+        while running:
+            sched.step()
+            for sid in sched.finished():
+                job = running.pop(sid)
+                result = sched.take(sid)
+                cap = result.capture
+                n = len(cap.labels)
+                tokens = np.asarray(list(job.prompt) + list(result.tokens), dtype=np.int32)[:n]
+                if n >= 2:
+                    yield CapturedSequence(job.id, tokens, len(job.prompt), cap.features, cap.labels)
+            refill()
+    finally:
+        sched.close()
 
 
 def capture_sequence(target, tokens: Sequence[int], tap_layers: Sequence[int], *,

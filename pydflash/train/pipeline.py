@@ -59,46 +59,63 @@ def _progress(label: str, total: int):  # type: ignore[no-untyped-def]
 
 
 def capture(target_path: str, prompts, cache_dir: str | os.PathLike, taps: Sequence[int], *,  # type: ignore[no-untyped-def]
-            max_prompt: int = 384, max_new: int = 192, threads: int | None = None, batch: int = 8,
+            max_prompt: int = 384, max_new: int = 192, threads: int | None = None, batch: int = 4,
+            samples: int = 0, temperature: float = 0.8, shard_size: int = 64, max_minutes: float | None = None,
             log=print) -> "object":
-    """Generate and capture every prompt not yet in the cache; returns the FeatureCache."""
-    import numpy as np
+    """Generate and capture every prompt not yet in the cache; returns the FeatureCache.
 
-    from ..engine import Engine
-    from .features import CapturedSequence, FeatureCache, capture_sequence, generate_continuations
+    Each prompt gets its greedy continuation (id = the prompt's id) and ``samples`` sampled ones at
+    ``temperature`` (ids ``<id>#s<k>``), ``batch`` sequences decoding together. Finished sequences
+    are written in shards of ``shard_size``, so an interrupted capture resumes where it stopped.
+    Prompts are taken in a fixed pseudo-random order (by id), so any prefix of the capture mixes
+    every source; past ``max_minutes`` no new sequence starts (the running ones finish).
+    """
+    from ..target import Target
+    from .features import Continuation, FeatureCache, capture_continuations
 
     cache = FeatureCache(cache_dir, tap_layers=taps, target_name=Path(target_path).name)
-    todo = [p for p in prompts if p.id not in cache.ids]
+    done = cache.ids
+    todo = []
+    for p in prompts:
+        for k in range(samples + 1):
+            sid = p.id if k == 0 else f"{p.id}#s{k}"
+            if sid not in done:
+                todo.append((p, sid, 0.0 if k == 0 else temperature, k))
     if not todo:
         return cache
-    log(f"capture: {len(todo)} prompts ({len(prompts) - len(todo)} cached), taps {list(taps)}")
+    todo.sort(key=lambda job: hashlib.sha256(job[1].encode()).digest())
+    log(f"capture: {len(todo)} sequences ({len(done)} cached), taps {list(taps)}, {batch} in parallel")
     n_ctx = max_prompt + max_new + 8
-    with Engine(target_path, None, n_ctx=n_ctx * batch, n_threads=threads, n_seq_max=batch) as engine:
-        target = engine.target
-        bar = _progress("capture", len(todo))
-        t0, n_tok = time.monotonic(), 0
-        for i in range(0, len(todo), batch):
-            group = []
-            for p in todo[i: i + batch]:
-                toks = target.tokenize(p.render(target), parse_special=bool(p.messages))
-                if 2 <= len(toks) <= max_prompt:
-                    group.append((p, toks))
-            if not group:
-                bar.advance(len(todo[i: i + batch]))
-                continue
-            conts = generate_continuations(engine, [t for _, t in group], max_tokens=max_new, batch=batch)
-            for sid in range(batch):
-                target.rollback(0, seq_id=sid)
-            seqs = []
-            for (p, toks), cont in zip(group, conts):
-                full = list(toks) + list(cont)
-                feats, labels = capture_sequence(target, full, taps)
-                seqs.append(CapturedSequence(p.id, np.asarray(full, dtype=np.int32), len(toks), feats, labels))
-                n_tok += len(full)
-            cache.append(seqs)
-            bar.advance(len(todo[i: i + batch]))
+    with Target(target_path, n_ctx=n_ctx, n_threads=threads, n_seq_max=batch,  # n_ctx: per sequence
+                n_batch=max(512, batch)) as target:
+        jobs = []
+        for p, sid, temp, k in todo:
+            toks = target.tokenize(p.render(target), parse_special=bool(p.messages))
+            if 2 <= len(toks) <= max_prompt:
+                seed = int(hashlib.sha256(sid.encode()).hexdigest()[:8], 16)
+                jobs.append(Continuation(sid, toks, temp, seed))
+        bar = _progress("capture", len(jobs))
+        t0, n_tok, shard = time.monotonic(), 0, []
+
+        def until_deadline():  # type: ignore[no-untyped-def]
+            for job in jobs:
+                if max_minutes is not None and time.monotonic() - t0 > 60 * max_minutes:
+                    log(f"capture: time budget of {max_minutes} min reached")
+                    return
+                yield job
+
+        for seq in capture_continuations(target, until_deadline(), taps, max_tokens=max_new, n_parallel=batch):
+            shard.append(seq)
+            n_tok += len(seq.tokens)
+            bar.advance(1)
+            if len(shard) >= shard_size:
+                cache.append(shard)
+                shard = []
+        cache.append(shard)
         bar.close()
-        log(f"capture: {n_tok} tokens in {time.monotonic() - t0:.0f} s; cache holds {cache.n_tokens} tokens")
+        dt = time.monotonic() - t0
+        log(f"capture: {n_tok} tokens in {dt:.0f} s ({n_tok / max(dt, 1e-9):.0f} tokens/s); "
+            f"cache holds {cache.n_tokens} tokens")
     return cache
 
 
@@ -133,6 +150,14 @@ def _split(sequences, val_fraction: float):  # type: ignore[no-untyped-def]
     return [s for s in sequences if not is_val(s.id)], [s for s in sequences if is_val(s.id)]
 
 
+def _eog_ids(target_path: str) -> list[int]:
+    """The target's end-of-generation token ids (always in the draft vocabulary)."""
+    from ..target import Target
+
+    with Target(target_path, n_ctx=64, n_threads=1) as target:
+        return [t for t in range(target.info.n_vocab) if target.is_eog(t)]
+
+
 def build_parser(prog: str = "pydflash train") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, description="train a DFlash2 drafter from a GGUF target (torch extra)")
     p.add_argument("--target", required=True, help="target GGUF path or a `pydflash models` name")
@@ -150,11 +175,22 @@ def build_parser(prog: str = "pydflash train") -> argparse.ArgumentParser:
     p.add_argument("--mask-token-id", type=int, default=0)
     p.add_argument("--max-prompt", type=int, default=384, help="longer prompts are skipped")
     p.add_argument("--max-new", type=int, default=192, help="continuation tokens per prompt")
+    p.add_argument("--samples", type=int, default=0,
+                   help="sampled continuations per prompt, next to the greedy one (default 0)")
+    p.add_argument("--sample-temp", type=float, default=0.8, help="temperature of the sampled continuations")
+    p.add_argument("--parallel", type=int, default=4,
+                   help="sequences the target decodes together while capturing (4 is fastest on 2 cores with "
+                        "SmolLM2: the unified KV cache makes every query scan the other sequences' cells)")
     p.add_argument("--steps", type=int, default=2000)
     p.add_argument("--seqs-per-step", type=int, default=4)
     p.add_argument("--anchors-per-seq", type=int, default=16)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--gamma", type=float, default=4.0, help="slot weight decay exp(-(j-1)/gamma)")
+    p.add_argument("--draft-vocab", type=int, default=8192,
+                   help="draft vocabulary: the loss's softmax and the exported drafter (d2t) keep this many head "
+                        "rows, the training labels' most frequent (0 = the full head)")
+    p.add_argument("--autocast", choices=("auto", "bf16", "fp32"), default="auto",
+                   help="bf16 autocast: auto = only on CPUs with native bf16 (AVX512-BF16 / AMX)")
     p.add_argument("--max-minutes", type=float, default=None, help="stop training after this long (resumable)")
     p.add_argument("--checkpoint-every", type=int, default=100)
     p.add_argument("--eval-every", type=int, default=100)
@@ -164,6 +200,10 @@ def build_parser(prog: str = "pydflash train") -> argparse.ArgumentParser:
     p.add_argument("--no-capture", action="store_true", help="train on what the cache holds (skip new prompts)")
     p.add_argument("--export-only", action="store_true")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--curve", default=None,
+                   help="after exporting, measure held-out tau (HumanEval/132..163, greedy, native engine) and "
+                        "append the point to this JSONL file; learning-curve.md/.png are rendered beside it")
+    p.add_argument("--curve-n-max", type=int, default=7, help="n_max of the --curve measurement")
     return p
 
 
@@ -179,7 +219,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from . import prompts as train_prompts
     from .features import FeatureCache
     from .init import init_from_target, target_facts
-    from .trainer import Trainer, TrainSettings
+    from .trainer import Trainer, TrainSettings, export_draft_vocab
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -203,7 +243,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not (args.export_only or args.no_capture):
         prompts = train_prompts.load(args.prompts, limit=args.limit)
         capture(target_path, prompts, cache_dir, config.target_layer_ids, max_prompt=args.max_prompt,
-                max_new=args.max_new, threads=args.threads, log=log)
+                max_new=args.max_new, threads=args.threads, batch=args.parallel, samples=args.samples,
+                temperature=args.sample_temp, max_minutes=args.max_minutes if args.capture_only else None, log=log)
     if args.capture_only:
         return 0
     model = DFlashDrafter(config)
@@ -212,15 +253,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     settings = TrainSettings(steps=args.steps, seqs_per_step=args.seqs_per_step, anchors_per_seq=args.anchors_per_seq,
                              lr=args.lr, gamma=args.gamma, seed=args.seed, checkpoint_every=args.checkpoint_every,
                              eval_every=args.eval_every, max_minutes=args.max_minutes,
-                             max_len=args.max_prompt + args.max_new)
+                             max_len=args.max_prompt + args.max_new, draft_vocab=args.draft_vocab,
+                             autocast=args.autocast)
     cache = FeatureCache(cache_dir)
     train_seqs, val_seqs = _split(cache.sequences(decode=False), 0.05)
-    trainer = Trainer(model, weights, train_seqs, val_seqs, settings, out, log=log)
+    trainer = Trainer(model, weights, train_seqs, val_seqs, settings, out, log=log, eog_ids=_eog_ids(target_path))
     if trainer.load_checkpoint():
         log(f"resumed from {trainer.checkpoint_path} at step {trainer.step}")
     else:
         log(json.dumps({"init": init_notes, "config": config.to_hf(), "train_sequences": len(train_seqs),
-                        "val_sequences": len(val_seqs), "train_tokens": sum(len(s.tokens) for s in train_seqs)}))
+                        "val_sequences": len(val_seqs), "train_tokens": sum(len(s.tokens) for s in train_seqs),
+                        "draft_vocab": trainer.draft_vocab_report, "bf16_autocast": trainer.bf16}))
     if not args.export_only:
         bar = _progress("train", settings.steps)
         bar.update(trainer.step)
@@ -233,5 +276,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         bar.close()
     quant = [q for q in args.quant.split(",") if q]
     files = export(model, out, target_path, name=name, quant=quant, threads=args.threads)
+    if trainer.draft_vocab is not None:  # the exported drafters draft over the vocabulary they were trained on
+        export_draft_vocab(files, target_path, trainer.draft_vocab.numpy(), trainer.draft_vocab_report)
     log(json.dumps({"exported": [str(f) for f in files], "step": trainer.step}))
+    if args.curve:
+        from . import curve
+
+        point = curve.heldout_tau(target_path, str(files[-1]), n_max=args.curve_n_max, threads=args.threads)
+        val = [h["val_tau"] for h in trainer.history if "val_tau" in h]
+        point.update(run=out.name, step=trainer.step, drafter=files[-1].name,
+                     blocks_trained=trainer.step * settings.seqs_per_step * settings.anchors_per_seq,
+                     train_tokens=sum(len(s.tokens) for s in train_seqs), val_tau=val[-1] if val else float("nan"),
+                     time=time.strftime("%Y-%m-%d %H:%M"))
+        curve.append_point(args.curve, point)
+        curve.render(args.curve, Path(args.curve).parent, title=f"{Path(target_path).stem} drafter")
+        log(json.dumps({"curve": point}))
     return 0

@@ -1,9 +1,19 @@
 """Training prompt sources, and the held-out HumanEval tasks training must never see.
 
 ``load(spec)`` accepts what ``pydflash.prompts.load`` accepts (``humaneval``, ``gsm_symbolic``, a
-``.jsonl`` file, comma-joined) plus ``stdlib``: function headers with their docstrings taken from
-the Python standard library on this machine (HumanEval-shaped code prompts for free). Every
-prompt whose id is a held-out HumanEval task is dropped.
+``.jsonl`` file, comma-joined) plus Python source trees on this machine, which give code prompts
+without any download:
+
+* ``stdlib``: function headers with their docstrings from the Python standard library
+  (HumanEval-shaped prompts);
+* ``pysrc:PKG`` (an installed package, e.g. ``pysrc:numpy``) and ``pysrc:stdlib``: three prompt
+  shapes per module, so the drafter sees code in general rather than one prompt format: a
+  function header + docstring (``doc``), a function cut after the first lines of its body with
+  the module's imports above it (``body``), and a class header + docstring (``class``).
+
+Every prompt whose id is a held-out HumanEval task is dropped. The packages the shipped recipe
+uses (docs/training.md) are permissively licensed: the standard library (PSF), numpy, networkx,
+sympy, jinja2 and torch (BSD).
 """
 
 from __future__ import annotations
@@ -65,6 +75,76 @@ def _stdlib(limit: int | None, min_doc: int = 40, max_chars: int = 1200) -> list
     return out
 
 
+def _python_files(root: Path) -> list[Path]:
+    skip = ("test", "idlelib", "site-packages", "lib2to3", "turtledemo", "_vendor", "vendored")
+    return [p for p in sorted(root.rglob("*.py")) if not any(part in p.relative_to(root).as_posix() for part in skip)]
+
+
+def _dedent(text: str) -> str:
+    indent = len(text) - len(text.lstrip(" "))
+    return "".join(line[indent:] if line.startswith(" " * indent) else line for line in text.splitlines(True))
+
+
+def _source_prompts(root: Path, name: str, max_chars: int = 1500) -> list[TrainPrompt]:
+    """``doc``, ``body`` and ``class`` prompts of every module under ``root`` (module docstring)."""
+    out: list[TrainPrompt] = []
+    for path in _python_files(root):
+        rel = path.relative_to(root).as_posix()
+        try:
+            source = path.read_text(encoding="utf-8")
+            tree = ast.parse(source)
+        except (SyntaxError, UnicodeDecodeError, ValueError, RecursionError, MemoryError):
+            continue
+        lines = source.splitlines(keepends=True)
+        imports = "".join(lines[n.lineno - 1] for n in tree.body[:40] if isinstance(n, (ast.Import, ast.ImportFrom))
+                          and n.lineno == n.end_lineno)[:600]
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+                doc = ast.get_docstring(node)
+                first = node.body[0]
+                if doc and len(doc) >= 40 and isinstance(first, ast.Expr):
+                    start = node.decorator_list[0].lineno if node.decorator_list else node.lineno
+                    text = _dedent("".join(lines[start - 1: first.end_lineno]))
+                    if len(text) <= max_chars:
+                        out.append(TrainPrompt(id=f"{name}/class/{rel}:{node.lineno}", text=text))
+                continue
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) or not node.body:
+                continue
+            start = node.decorator_list[0].lineno if node.decorator_list else node.lineno
+            doc = ast.get_docstring(node)
+            first = node.body[0]
+            if doc and len(doc) >= 40 and not node.name.startswith("_"):
+                text = _dedent("".join(lines[start - 1: first.end_lineno]))
+                if len(text) <= max_chars:
+                    out.append(TrainPrompt(id=f"{name}/doc/{rel}:{node.lineno}", text=text))
+            # the body cut a third of the way in (at least one statement), imports on top
+            body = node.body[1:] if doc else node.body
+            if len(body) >= 3:
+                cut = body[max(1, len(body) // 3) - 1].end_lineno
+                text = _dedent("".join(lines[start - 1: cut]))
+                if 80 <= len(text) <= max_chars and node.col_offset == 0:
+                    out.append(TrainPrompt(id=f"{name}/body/{rel}:{node.lineno}", text=imports + "\n\n" + text))
+    return out
+
+
+def _package_root(name: str) -> Path:
+    if name == "stdlib":
+        return Path(sysconfig.get_paths()["stdlib"])
+    import importlib.util
+
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.submodule_search_locations:
+        raise ValueError(f"pysrc:{name}: no installed package {name!r}")
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def _spread(items: list, limit: int | None) -> list:
+    """``limit`` items spread evenly over the list (not its first modules)."""
+    if limit is None or len(items) <= limit:
+        return items
+    return [items[round(i * (len(items) - 1) / max(1, limit - 1))] for i in range(limit)]
+
+
 def _jsonl(path: Path) -> list[TrainPrompt]:
     out = []
     for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
@@ -86,6 +166,9 @@ def load(spec: str, *, limit: int | None = None) -> list[TrainPrompt]:
     for part in (p.strip() for p in spec.split(",") if p.strip()):
         if part == "stdlib":
             got = _stdlib(limit)
+        elif part.startswith("pysrc:"):
+            name = part.split(":", 1)[1]
+            got = _spread(_source_prompts(_package_root(name), name), limit)
         elif part.endswith(".jsonl") and Path(part).is_file():
             got = _jsonl(Path(part))
         else:
