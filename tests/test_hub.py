@@ -462,9 +462,10 @@ def test_killed_download_leaves_nothing_loadable(online, tmp_path: Path) -> None
     folder = tmp_path / "hf" / "hub" / "models--acme--Big-GGUF"
     assert not (folder / "snapshots" / ("a" * 40) / name).exists()
     assert not [p for p in (folder / "blobs").iterdir() if not p.name.endswith(".incomplete")]
-    # offline now: nothing usable is cached, one clear error
-    line = _one_line_error(_cli("generate", "-hf", "acme/Big-GGUF:Q8_0", "-p", "x", env={**env, "HF_HUB_OFFLINE": "1"}))
-    assert "not in the Hugging Face cache" in line
+    # --offline now: nothing usable is cached, one clear error, no request
+    n_requests = len(server.log)
+    line = _one_line_error(_cli("generate", "-hf", "acme/Big-GGUF:Q8_0", "--offline", "-p", "x", env=env))
+    assert "not in the Hugging Face cache" in line and len(server.log) == n_requests
     # online again: a full, correct download
     del server.stall[name]
     proc2 = _py("print(hub.model_file('hf:acme/Big-GGUF:q8_0'))", env)
@@ -495,6 +496,6 @@ def test_hub_errors_are_one_line(online, tmp_path: Path) -> None:  # noqa: ANN00
     assert json.loads(proc.stdout) == {"hf:acme/Missing-GGUF": "HubRepoNotFoundError",
                                        "hf:acme/Gated-GGUF": "HubAccessError",
                                        "hf:acme/Big-GGUF:Q2_K": "HubFileNotFoundError"}
-    # with a token that has access
-    proc = _py("print(hub.model_file('hf:acme/Gated-GGUF', token='hf_good'))", env)
+    # with a token that has access, from HF_TOKEN
+    proc = _py("print(hub.model_file('hf:acme/Gated-GGUF'))", {**env, "HF_TOKEN": "hf_good"})
     assert proc.returncode == 0 and Path(proc.stdout.strip()).name == "g-Q4_K_M.gguf", proc.stderr
