@@ -14,7 +14,7 @@ class ProgressBar:
 
     def __init__(self, label: str, total: float, *, unit: str = "", scale: float = 1.0,
                  enabled: bool | None = None) -> None:
-        self._bar = tqdm(total=total / scale, desc=label, unit=unit.strip() or "it",
+        self._bar = tqdm(total=total / scale if scale != 1.0 else total, desc=label, unit=unit.strip() or "it",
                          disable=None if enabled is None else not enabled, leave=True)
         self.scale = scale
         self.done = 0.0

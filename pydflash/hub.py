@@ -21,8 +21,8 @@ and the output type (``f16`` default; ``bf16``, ``f32``, ``q8_0`` from the conve
 etc. converted then quantized). For a checkpoint repository ``:QUANT`` is that output type.
 
 Everything goes through ``huggingface_hub`` (``pip install 'pydflash[hub]'``): files land in the
-standard HF cache, and ``HF_HOME`` / ``HF_HUB_CACHE``, ``HF_HUB_OFFLINE``, ``HF_TOKEN`` and
-``HF_ENDPOINT`` apply. Downloads show tqdm bars, resume after a dropped connection, and are
+standard HF cache, and ``HF_HOME`` / ``HF_HUB_CACHE`` (``LLAMA_CACHE`` first, as llama.cpp),
+``HF_HUB_OFFLINE``, ``HF_TOKEN`` and ``HF_ENDPOINT`` apply. Downloads show tqdm bars, resume after a dropped connection, and are
 renamed into the cache only when complete. Offline (or with the Hub unreachable) the repository
 is listed from the cache, as llama.cpp does. Failures are ``pydflash.errors.Hub*Error``.
 """
@@ -193,9 +193,14 @@ class _Listing:
     cached_only: bool      # listed from the local cache: download nothing
 
 
+def cache_root() -> Path:
+    """The Hugging Face cache in use: ``LLAMA_CACHE`` if set (llama.cpp's own override, so its
+    ``-hf`` downloads and ours are the same files), else huggingface_hub's (``HF_HUB_CACHE``, ``HF_HOME``)."""
+    return Path(os.environ.get("LLAMA_CACHE") or _hf().constants.HF_HUB_CACHE).expanduser()
+
+
 def _cache_folder(repo_id: str) -> Path:
-    hf = _hf()
-    return Path(hf.constants.HF_HUB_CACHE) / hf.file_download.repo_folder_name(repo_id=repo_id, repo_type="model")
+    return cache_root() / _hf().file_download.repo_folder_name(repo_id=repo_id, repo_type="model")
 
 
 def _cached_listing(ref: HubRef) -> _Listing | None:
@@ -247,7 +252,7 @@ def _gated(ref: HubRef, token: str | None) -> errors.HubAccessError:
 def _not_cached(ref: HubRef, what: str = "", reason: str = "") -> errors.HubOfflineError:
     why = reason or ("offline (HF_HUB_OFFLINE=1 or --offline)")
     thing = f"{what} of {ref}" if what else str(ref)
-    return errors.HubOfflineError(f"{why} and {thing} is not in the Hugging Face cache ({_hf().constants.HF_HUB_CACHE})")
+    return errors.HubOfflineError(f"{why} and {thing} is not in the Hugging Face cache ({cache_root()})")
 
 
 def _list(ref: HubRef, token: str | None, offline: bool) -> _Listing:
@@ -290,7 +295,7 @@ def _download(listing: _Listing, files: Sequence[str], ref: HubRef, token: str |
     for name in files:
         try:
             paths.append(Path(hf.hf_hub_download(ref.repo_id, name, revision=listing.revision, token=token,
-                                                 local_files_only=listing.cached_only)))
+                                                 local_files_only=listing.cached_only, cache_dir=cache_root())))
         except Exception as exc:  # noqa: BLE001 - every failure becomes one typed line
             if isinstance(exc, (KeyboardInterrupt, errors.PydflashError)):
                 raise

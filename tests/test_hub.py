@@ -41,6 +41,7 @@ DRAFT_REPO = "acme/SmolLM2-135M-DFlash2"
 COMMIT_GGUF = "1" * 40
 COMMIT_DRAFT = "2" * 40
 PROMPT = "The capital of France is"
+_LLAMA_ENV = ("LLAMA_CACHE", "LLAMA_OFFLINE", "LLAMA_ARG_HF_REPO", "LLAMA_ARG_HF_FILE", "LLAMA_ARG_SPEC_DRAFT_HF_REPO")
 
 
 def _sha256(data: bytes) -> str:
@@ -163,7 +164,7 @@ def offline_cache(tmp_path_factory, smollm2_path) -> dict:  # noqa: ANN001
                 {"config.json": wrong / "config.json", "model.safetensors": wrong / "model.safetensors"})
     env = {**os.environ, "HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1", "PYDFLASH_CACHE": str(root / "pyd"),
            "PYDFLASH_AUTOTUNE_CACHE": "0"}
-    for key in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_TOKEN", "HF_ENDPOINT"):
+    for key in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_TOKEN", "HF_ENDPOINT", *_LLAMA_ENV):
         env.pop(key, None)
     return {"root": root, "env": env, "ckpt": ckpt, "target": Path(smollm2_path)}
 
@@ -258,6 +259,11 @@ def test_offline_cli_errors_are_one_line(offline_cache) -> None:  # noqa: ANN001
     assert "no GGUF file matching 'Q2_K'" in line and "SmolLM2-135M-Instruct-Q4_1.gguf" in line
     line = _one_line_error(_cli("generate", "-hf", "not a repo", "-p", "x", env=env))
     assert "is not a Hugging Face repository" in line
+    # LLAMA_CACHE (llama.cpp's cache override) comes first, as in llama.cpp
+    hf_cache = Path(env["HF_HOME"]) / "hub"
+    proc = _run([sys.executable, "-c", f"from pydflash import hub; print(hub.model_file('hf:{GGUF_REPO}:Q4_1'))"],
+                {**env, "HF_HOME": str(root / "elsewhere"), "LLAMA_CACHE": str(hf_cache)})
+    assert proc.returncode == 0 and Path(proc.stdout.strip()).is_relative_to(hf_cache), proc.stderr
     # a drafter that does not fit the target: what does not fit, and nothing left in the cache
     line = _one_line_error(_cli("generate", "-hf", f"{GGUF_REPO}:Q4_1", "-hfd", "acme/Other-DFlash2",
                                 "-p", "x", "-n", "1", env=env))
@@ -407,7 +413,7 @@ def online(tmp_path: Path) -> Iterator[tuple[FakeHub, dict[str, str], dict[str, 
         env = {**os.environ, "HF_ENDPOINT": server.url, "HF_HOME": str(tmp_path / "hf"),
                "PYDFLASH_CACHE": str(tmp_path / "pyd"), "HF_HUB_DISABLE_TELEMETRY": "1",
                "HF_HUB_ETAG_TIMEOUT": "5", "HF_HUB_DOWNLOAD_TIMEOUT": "5", "NO_PROXY": "127.0.0.1"}
-        for key in ("HF_HUB_OFFLINE", "HF_TOKEN", "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
+        for key in ("HF_HUB_OFFLINE", "HF_TOKEN", "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", *_LLAMA_ENV):
             env.pop(key, None)
         yield server, env, files
 
