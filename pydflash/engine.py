@@ -26,8 +26,9 @@ class Engine:
     """Speculative (or plain) generation on a GGUF target.
 
     Args:
-        target: target GGUF path or a ``pydflash models`` name.
-        drafter: drafter GGUF path (a ``dflash`` file converted for this target), ``"auto"`` (the
+        target: target GGUF path, a ``pydflash models`` name or ``hf:ORG/NAME[:QUANT]`` (``pydflash.hub``).
+        drafter: drafter GGUF path (a ``dflash`` file converted for this target), ``hf:ORG/NAME[:QUANT]``
+            (a GGUF repository's file, or a DFlash checkpoint converted for this target and cached), ``"auto"`` (the
             drafter shipped in the package for this target; plain decoding with a warning if
             none matches, see ``pydflash.drafters``), or None (plain decoding).
         n_ctx, n_threads, n_gpu_layers: as for ``Target``.

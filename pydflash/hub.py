@@ -297,8 +297,6 @@ def _download(listing: _Listing, files: Sequence[str], ref: HubRef, token: str |
             paths.append(Path(hf.hf_hub_download(ref.repo_id, name, revision=listing.revision, token=token,
                                                  local_files_only=listing.cached_only, cache_dir=cache_root())))
         except Exception as exc:  # noqa: BLE001 - every failure becomes one typed line
-            if isinstance(exc, (KeyboardInterrupt, errors.PydflashError)):
-                raise
             raise _explain(exc, ref, token, name) from None
     return paths
 

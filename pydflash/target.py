@@ -54,7 +54,8 @@ class Target(NativeObject):
     drafter needs (hidden-state taps, batched decode, KV rollback).
 
     Args:
-        model: path to a GGUF file, or a ``pydflash models`` name (pulled on first use).
+        model: path to a GGUF file, a ``pydflash models`` name (pulled on first use), or
+            ``hf:ORG/NAME[:QUANT]`` (fetched into the Hugging Face cache, ``pydflash.hub``).
         n_ctx: context window in tokens.
         n_batch: most tokens per decode call.
         n_threads: CPU threads (None: all cores).
