@@ -1,12 +1,17 @@
 """pydflash's own multi-row CPU mat-mul kernels (verification batches; docs/verify-kernels.md).
 
-Opt-in (``PYDFLASH_KERNELS=1``): targets (and CPU drafters) loaded while the kernels are on keep their Q4_K/Q5_K/Q6_K/Q8_0/Q5_0/
-Q4_1/Q4_0 mat-mul weights in the kernels' ggml-cpu buffer type; batches of up to
-PYDFLASH_KERNELS_MAX_ROWS rows (default 64) then run through them, everything else through
-ggml's kernels. Unset or ``PYDFLASH_KERNELS=0``: ggml's own kernels for models loaded afterwards,
-``PYDFLASH_KERNELS_ISA=scalar|avx2|avx512|neon`` forces a code path (default: the best the CPU
-has: avx512 = AVX-512 VNNI, neon = arm64 dot-product). Those models' attention (fp16 KV cache)
-runs through our multi-query kernel unless ``PYDFLASH_KERNELS_ATTN=0`` / ``set_attention(False)``.
+On by default wherever the CPU has a SIMD path (AVX2, AVX-512 VNNI, arm64 dot-product; a
+scalar-only CPU keeps ggml's): targets (and CPU drafters) loaded while the kernels are on keep
+their Q4_K/Q5_K/Q6_K/Q8_0/Q5_0/Q4_1/Q4_0 mat-mul weights in the kernels' ggml-cpu buffer type;
+batches of up to PYDFLASH_KERNELS_MAX_ROWS rows (default 64) then run through them, everything
+else (prefill) through ggml's kernels. ``PYDFLASH_KERNELS=0`` (``off``, ``false``, ``no``): ggml's
+stock kernels for models loaded afterwards, whose output is then llama.cpp's bit for bit (ours
+round activations their own way, so greedy text can part from llama.cpp's at near-ties, while
+speculative decoding stays exactly plain decoding's on the same kernels); ``PYDFLASH_KERNELS=1``
+forces them on, even the scalar path. ``PYDFLASH_KERNELS_ISA=scalar|avx2|avx512|neon`` forces a
+code path (default: the best the CPU has: avx512 = AVX-512 VNNI, neon = arm64 dot-product). Those
+models' attention (fp16 KV cache) runs through our multi-query kernel unless
+``PYDFLASH_KERNELS_ATTN=0`` / ``set_attention(False)``.
 """
 
 from __future__ import annotations
