@@ -83,7 +83,9 @@ def capture(target_path: str, prompts, cache_dir: str | os.PathLike, taps: Seque
                 todo.append((p, sid, 0.0 if k == 0 else temperature, k))
     if not todo:
         return cache
-    todo.sort(key=lambda job: hashlib.sha256(job[1].encode()).digest())
+    # salted: the validation split (_split) hashes the bare id, and a capture in that order would
+    # fill validation first
+    todo.sort(key=lambda job: hashlib.sha256(b"capture-order:" + job[1].encode()).digest())
     log(f"capture: {len(todo)} sequences ({len(done)} cached), taps {list(taps)}, {batch} in parallel")
     n_ctx = max_prompt + max_new + 8
     with Target(target_path, n_ctx=n_ctx, n_threads=threads, n_seq_max=batch,  # n_ctx: per sequence
@@ -143,9 +145,11 @@ def export(model, out_dir: str | os.PathLike, target_gguf: str, *, name: str,  #
 
 
 def _split(sequences, val_fraction: float):  # type: ignore[no-untyped-def]
-    """Deterministic train/validation split by sequence id."""
+    """Deterministic train/validation split by sequence id (a sampled continuation goes with its
+    prompt's greedy one, so validation never sees a prompt that training saw)."""
     def is_val(sid: str) -> bool:
-        return int(hashlib.sha256(sid.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF < val_fraction
+        key = b"validation:" + sid.split("#", 1)[0].encode()
+        return int(hashlib.sha256(key).hexdigest()[:8], 16) / 0xFFFFFFFF < val_fraction
 
     return [s for s in sequences if not is_val(s.id)], [s for s in sequences if is_val(s.id)]
 
