@@ -53,9 +53,9 @@ def build_config(facts: dict, *, layers: int = 1, taps: Sequence[int] | None = N
 
 
 def _progress(label: str, total: int):  # type: ignore[no-untyped-def]
-    from .._progress import ProgressBar
+    from tqdm.auto import tqdm
 
-    return ProgressBar(label, total, enabled=True)
+    return tqdm(total=total, desc=label, leave=True)
 
 
 def capture(target_path: str, prompts, cache_dir: str | os.PathLike, taps: Sequence[int], *,  # type: ignore[no-untyped-def]
@@ -109,7 +109,7 @@ def capture(target_path: str, prompts, cache_dir: str | os.PathLike, taps: Seque
         for seq in capture_continuations(target, until_deadline(), taps, max_tokens=max_new, n_parallel=batch):
             shard.append(seq)
             n_tok += len(seq.tokens)
-            bar.advance(1)
+            bar.update(1)
             if len(shard) >= shard_size:
                 cache.append(shard)
                 shard = []
@@ -273,8 +273,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         bar.update(trainer.step)
 
         def on_step(rec: dict) -> None:
-            bar.label = f"train loss {rec['loss']:.3f} ({rec['s_per_step']:.2f} s/step)"
-            bar.update(rec["step"])
+            bar.set_description_str(f"train loss {rec['loss']:.3f} ({rec['s_per_step']:.2f} s/step)", refresh=False)
+            bar.update(rec["step"] - bar.n)
 
         trainer.fit(on_step)
         bar.close()
