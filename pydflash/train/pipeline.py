@@ -154,6 +154,42 @@ def _split(sequences, val_fraction: float):  # type: ignore[no-untyped-def]
     return [s for s in sequences if not is_val(s.id)], [s for s in sequences if is_val(s.id)]
 
 
+def save_portable(trainer, path: str | os.PathLike) -> Path:  # type: ignore[no-untyped-def]
+    """What the next training run needs to continue, small enough to commit: the weights in bf16,
+    the draft vocabulary, the step, the settings and the log (no optimizer state: a run resumed
+    from it starts Adam's moments afresh)."""
+    import torch
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    state = {"format": "pydflash-train-portable-1", "step": trainer.step, "config": trainer.model.config.to_hf(),
+             "model": {k: v.detach().to(torch.bfloat16) for k, v in trainer.model.state_dict().items()},
+             "draft_vocab": None if trainer.draft_vocab is None else trainer.draft_vocab.clone(),
+             "draft_vocab_report": trainer.draft_vocab_report, "history": trainer.history}
+    tmp = path.with_suffix(".tmp")
+    torch.save(state, tmp)
+    os.replace(tmp, path)
+    return path
+
+
+def load_portable(trainer, path: str | os.PathLike) -> int:  # type: ignore[no-untyped-def]
+    """Start ``trainer`` from a ``save_portable`` file (same drafter config); returns its step."""
+    import torch
+
+    state = torch.load(path, weights_only=False)
+    if state.get("format") != "pydflash-train-portable-1":
+        raise ValueError(f"{path} is not a portable training checkpoint (pydflash train --save-portable)")
+    if state["config"] != trainer.model.config.to_hf():
+        raise ValueError(f"{path} was trained with another drafter config")
+    trainer.model.load_state_dict({k: v.to(torch.float32) for k, v in state["model"].items()})
+    if state.get("draft_vocab") is not None and len(state["draft_vocab"]) == trainer.settings.draft_vocab:
+        trainer._set_draft_vocab(state["draft_vocab"])
+        trainer.draft_vocab_report = dict(state.get("draft_vocab_report") or {})
+    trainer.step = int(state["step"])
+    trainer.history = list(state.get("history") or [])
+    return trainer.step
+
+
 def _eog_ids(target_path: str) -> list[int]:
     """The target's end-of-generation token ids (always in the draft vocabulary)."""
     from ..target import Target
@@ -208,6 +244,11 @@ def build_parser(prog: str = "pydflash train") -> argparse.ArgumentParser:
                    help="after exporting, measure held-out tau (HumanEval/132..163, greedy, native engine) and "
                         "append the point to this JSONL file; learning-curve.md/.png are rendered beside it")
     p.add_argument("--curve-n-max", type=int, default=7, help="n_max of the --curve measurement")
+    p.add_argument("--resume-from", default=None,
+                   help="a portable checkpoint (--save-portable) to start from when --out holds no checkpoint yet")
+    p.add_argument("--save-portable", default=None,
+                   help="after training, write the weights (bf16), draft vocabulary, step and log here: what the "
+                        "next run needs to continue, small enough to commit")
     return p
 
 
@@ -264,6 +305,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     trainer = Trainer(model, weights, train_seqs, val_seqs, settings, out, log=log, eog_ids=_eog_ids(target_path))
     if trainer.load_checkpoint():
         log(f"resumed from {trainer.checkpoint_path} at step {trainer.step}")
+    elif args.resume_from:
+        log(f"started from the portable checkpoint {args.resume_from} at step {load_portable(trainer, args.resume_from)}")
     else:
         log(json.dumps({"init": init_notes, "config": config.to_hf(), "train_sequences": len(train_seqs),
                         "val_sequences": len(val_seqs), "train_tokens": sum(len(s.tokens) for s in train_seqs),
@@ -278,6 +321,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         trainer.fit(on_step)
         bar.close()
+    if args.save_portable:
+        log(f"portable checkpoint: {save_portable(trainer, args.save_portable)}")
     quant = [q for q in args.quant.split(",") if q]
     files = export(model, out, target_path, name=name, quant=quant, threads=args.threads)
     if trainer.draft_vocab is not None:  # the exported drafters draft over the vocabulary they were trained on
