@@ -56,10 +56,10 @@ class TrainSettings:
     checkpoint_every: int = 100
     eval_every: int = 100
     max_minutes: float | None = None
-    # draft vocabulary size N (0 or >= the target's vocabulary = the full head); coverage: docs/training.md
+    # draft vocabulary size N (0 or >= the target's vocabulary = the full head); coverage: benchmarks/results/train-throughput/
     draft_vocab: int = 8192
     # "auto": bf16 autocast iff the CPU has native bf16 math (AVX512-BF16 / AMX), else float32;
-    # "bf16" / "fp32" force it (measured: docs/training.md)
+    # "bf16" / "fp32" force it (measured: benchmarks/results/train-throughput/)
     autocast: str = "auto"
 
 
@@ -232,8 +232,9 @@ class Trainer:
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
+        # fused: one pass over each parameter (the full-vocabulary codebooks make the optimizer ~10 % of a step)
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay,
-                                           betas=(0.9, 0.95))
+                                           betas=(0.9, 0.95), fused=True)
         self.generator = torch.Generator().manual_seed(settings.seed)
         self.step = 0
         self.history: list[dict] = []
@@ -326,6 +327,9 @@ class Trainer:
         hidden, _ = forward_blocks(self.model, batch.features, batch.block_tokens, batch.anchors, self.target,
                                    with_logits=False)
         h = hidden[:, :, 1:][keep]
+        cfg = self.model.config
+        if cfg.logit_scale == 1.0 and not cfg.softcap > 0:  # DFlashDrafter.logits without its no-op multiply
+            return h, h @ self.head.lm_head.to(h.dtype).T
         return h, self.model.logits(h, self.head)
 
     def losses(self, batch: Batch):  # type: ignore[no-untyped-def]
