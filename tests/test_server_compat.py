@@ -387,7 +387,8 @@ def test_anthropic_messages_equal_upstream(servers):
     assert text(ours) == text(up)
     assert ours[-2][1] == up[-2][1]  # message_delta: stop reason and output tokens
 
-    # tool results become tool messages; an image is refused as upstream (no vision)
+    # tool results become tool messages; an image is refused with upstream's message (no vision), as a 400
+    # where upstream answers 500: the request is what cannot be served
     tool = {"model": "test", "max_tokens": 4, "temperature": 0, "messages": [
         {"role": "user", "content": "What's the weather?"},
         {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "w", "input": {"city": "Paris"}}]},
@@ -398,7 +399,7 @@ def test_anthropic_messages_equal_upstream(servers):
         {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}},
         {"type": "text", "text": "What is this?"}]}]}
     (s_ours, _, b_ours), (s_up, _, b_up) = _both(servers, lambda b: _call(b, "/v1/messages", image))
-    assert s_ours == s_up == 500
+    assert s_ours == 400 and s_up == 500
     assert "image input is not supported" in b_ours["error"]["message"] and \
         "image input is not supported" in b_up["error"]["message"]
     # no messages: still a message (llama-server is permissive)

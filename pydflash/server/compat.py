@@ -6,7 +6,9 @@ reads), generated as a chat completion, and the result is written in the vendor'
 llama-server does. Anthropic content blocks map as llama-server maps them: text blocks are
 kept, thinking blocks become the message's ``reasoning_content``, tool-use blocks its
 ``tool_calls``, tool results ``tool`` messages, and tools / tool_choice their OpenAI forms (the
-chat template renders them). An image is refused (the model has no vision input).
+chat template renders them); blocks of other types are skipped, as llama-server skips them. An
+image is refused with llama-server's message, as a 400 (llama-server answers 500: the request,
+not the server, is at fault).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import json
 import uuid
 from typing import Any
 
-from .requests import APIError
+from .requests import APIError, client_input
 
 __all__ = ["anthropic_to_chat", "responses_to_chat", "anthropic_message", "anthropic_usage",
            "responses_body", "random_id"]
@@ -38,10 +40,11 @@ def _text_blocks(blocks: list, where: str) -> str:
                 raise APIError(400, f"{where}: a text block needs a string 'text'")
             parts.append(b["text"])
         elif kind == "image":
-            raise APIError(500, IMAGE_REFUSED, "server_error")
+            raise APIError(400, IMAGE_REFUSED)
     return "".join(parts)
 
 
+@client_input
 def anthropic_to_chat(body: dict) -> dict:
     """An Anthropic Messages request as an OpenAI chat body (``messages`` may end up empty)."""
     if "messages" not in body:
@@ -51,8 +54,7 @@ def anthropic_to_chat(body: dict) -> dict:
     if isinstance(system, str):
         messages.append({"role": "system", "content": system})
     elif isinstance(system, list):
-        messages.append({"role": "system", "content": "".join(
-            b.get("text", "") for b in system if isinstance(b, dict) and b.get("type") == "text")})
+        messages.append({"role": "system", "content": _text_blocks(system, "system")})
     elif system is not None:
         raise APIError(400, "'system' must be a string or a list of text blocks")
     raw = body["messages"]
@@ -132,7 +134,7 @@ def _response_content(content: Any, where: str) -> str:
                 raise APIError(400, f"{where}: '{kind}' requires a string 'text'")
             parts.append(p["text"])
         elif kind == "input_image":
-            raise APIError(500, IMAGE_REFUSED, "server_error")
+            raise APIError(400, IMAGE_REFUSED)
         elif kind == "input_file":
             raise APIError(400, "'input_file' is not supported by llamacpp at this moment")
         else:
@@ -140,6 +142,7 @@ def _response_content(content: Any, where: str) -> str:
     return "".join(parts)
 
 
+@client_input
 def responses_to_chat(body: dict) -> dict:
     """An OpenAI Responses request as an OpenAI chat body."""
     if "input" not in body:

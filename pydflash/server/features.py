@@ -14,9 +14,9 @@ import numpy as np
 
 from .. import errors
 from ..chat import json_schema_to_grammar
-from .requests import APIError
+from .requests import APIError, Constraints, client_input
 
-__all__ = ["constraint_options", "probs_json", "oai_logprobs", "infill_tokens", "check_infill",
+__all__ = ["constraint_options", "parse_constraints", "probs_json", "oai_logprobs", "infill_tokens", "check_infill",
            "embedding_rows", "normalize"]
 
 
@@ -31,9 +31,9 @@ def _schema_grammar(schema: Any) -> str:
         raise APIError(400, str(exc)) from None
 
 
-def _logit_bias(value: Any, n_vocab: int, tokenize) -> list[tuple[int, float]]:  # type: ignore[no-untyped-def]
+def _logit_bias(value: Any) -> tuple[tuple[int | str, float], ...]:
     """llama-server's forms: {"id": bias} (OpenAI), [[id, bias], ...], [["text", bias], ...];
-    a bias of false bans the token."""
+    a bias of false bans the token. Texts stay texts (the step loop tokenizes them)."""
     pairs: list[tuple[Any, Any]]
     if isinstance(value, dict):
         pairs = list(value.items())
@@ -45,37 +45,35 @@ def _logit_bias(value: Any, n_vocab: int, tokenize) -> list[tuple[int, float]]: 
             pairs.append((item[0], item[1]))
     else:
         raise APIError(400, "'logit_bias' must be an object or a list of [token, bias] pairs")
-    out: list[tuple[int, float]] = []
+    out: list[tuple[int | str, float]] = []
     for key, bias in pairs:
         if bias is False:
             b = -math.inf
         elif isinstance(bias, (int, float)) and not isinstance(bias, bool) and math.isfinite(bias):
             b = float(bias)
         else:
-            raise APIError(400, f"a logit bias must be a number or false, got {bias!r}")
+            raise APIError(400, f"a logit bias must be a number or false, got {str(bias)[:80]}")
         if isinstance(key, str) and not key.lstrip("-").isdigit():
-            ids = tokenize(key)  # a text: every one of its tokens
-        else:
-            try:
-                ids = [int(key)]
-            except (TypeError, ValueError):
-                raise APIError(400, f"'logit_bias' key {key!r} is not a token id") from None
-        for t in ids:
-            if 0 <= t < n_vocab:  # llama-server ignores ids outside the vocabulary
-                out.append((t, b))
-    return out
+            out.append((key, b))  # a text: every one of its tokens
+            continue
+        try:
+            out.append((int(key), b))
+        except (TypeError, ValueError, OverflowError):
+            raise APIError(400, f"'logit_bias' key {str(key)[:80]} is not a token id") from None
+    return tuple(out)
 
 
-def constraint_options(body: dict, n_vocab: int, tokenize, *, chat: bool = False) -> dict:  # type: ignore[no-untyped-def]
-    """SamplingOptions keywords for ``grammar`` / ``json_schema`` / ``response_format`` (completion
-    endpoints; chat requests get theirs from the template render), ``logit_bias``, ``n_probs`` /
-    ``logprobs`` / ``top_logprobs`` and ``post_sampling_probs``."""
-    opts: dict[str, Any] = {}
+@client_input
+def parse_constraints(body: dict, *, chat: bool = False) -> Constraints:
+    """``grammar`` / ``json_schema`` / ``response_format`` (completion endpoints: converted to GBNF
+    here; a chat request's come from its template render, its own ``grammar`` is the fallback),
+    ``logit_bias``, ``n_probs`` / ``logprobs`` / ``top_logprobs`` and ``post_sampling_probs``."""
+    grammar = body.get("grammar")
+    if grammar is not None and not isinstance(grammar, str):
+        raise APIError(400, "'grammar' must be a string")
+    grammar = grammar or None
     if not chat:
-        grammar = body.get("grammar")
         schema = body.get("json_schema")
-        if grammar is not None and not isinstance(grammar, str):
-            raise APIError(400, "'grammar' must be a string")
         if schema is not None and grammar:
             raise APIError(400, "Cannot use both json_schema and grammar")
         rf = body.get("response_format")
@@ -84,17 +82,18 @@ def constraint_options(body: dict, n_vocab: int, tokenize, *, chat: bool = False
             if kind == "json_object":
                 schema = rf.get("schema") or {"type": "object"}
             elif kind == "json_schema":
-                schema = (rf.get("json_schema") or {}).get("schema") or {"type": "object"}
+                inner = rf.get("json_schema") or {}
+                if not isinstance(inner, dict):
+                    raise APIError(400, "'response_format.json_schema' must be an object")
+                schema = inner.get("schema") or {"type": "object"}
             elif kind not in (None, "text"):
-                raise APIError(400, f'response_format type must be one of "text" or "json_object", but got: {kind}')
+                raise APIError(400, f'response_format type must be one of "text" or "json_object", but got: '
+                                    f'{str(kind)[:80]}')
         if schema is not None:
             if isinstance(schema, dict) and not schema:
                 schema = {"type": "object"}
-            opts["grammar"] = _schema_grammar(schema)
-        elif grammar:
-            opts["grammar"] = grammar
-    if body.get("logit_bias") is not None:
-        opts["logit_bias"] = _logit_bias(body["logit_bias"], n_vocab, tokenize)
+            grammar = _schema_grammar(schema)
+    bias = _logit_bias(body["logit_bias"]) if body.get("logit_bias") is not None else ()
     n_probs = body.get("n_probs")
     if chat:
         if body.get("logprobs"):
@@ -104,15 +103,31 @@ def constraint_options(body: dict, n_vocab: int, tokenize, *, chat: bool = False
             raise APIError(400, "top_logprobs requires logprobs to be set to true")
     elif body.get("logprobs") is not None and n_probs is None and _is_int(body.get("logprobs")):
         n_probs = body["logprobs"]  # OpenAI /v1/completions: logprobs = number of candidates
-    if n_probs is not None:
-        if not _is_int(n_probs) or n_probs < 0:
-            raise APIError(400, "'n_probs' must be an int >= 0")
-        opts["n_probs"] = min(n_probs, n_vocab)
-        # llama-server reports the chosen token even with n_probs 0 once probabilities are asked for
-    if body.get("post_sampling_probs") is not None:
-        if not isinstance(body["post_sampling_probs"], bool):
-            raise APIError(400, "'post_sampling_probs' must be a boolean")
-        opts["post_sampling_probs"] = body["post_sampling_probs"]
+    if n_probs is not None and (not _is_int(n_probs) or n_probs < 0):
+        raise APIError(400, "'n_probs' must be an int >= 0")
+    # llama-server reports the chosen token even with n_probs 0 once probabilities are asked for
+    post = body.get("post_sampling_probs")
+    if post is not None and not isinstance(post, bool):
+        raise APIError(400, "'post_sampling_probs' must be a boolean")
+    return Constraints(grammar=grammar, logit_bias=bias, n_probs=n_probs, post_sampling_probs=post,
+                       probs_per_piece=bool(body.get("n_probs")) or bool(body.get("logprobs")))
+
+
+def constraint_options(c: Constraints, n_vocab: int, tokenize) -> dict:  # type: ignore[no-untyped-def]
+    """SamplingOptions keywords of parsed constraints (on the step loop: texts of ``logit_bias``
+    tokenized, ids outside the vocabulary left out as llama-server does, ``n_probs`` clamped)."""
+    opts: dict[str, Any] = {}
+    if c.grammar:
+        opts["grammar"] = c.grammar
+    if c.logit_bias:
+        bias: list[tuple[int, float]] = []
+        for key, b in c.logit_bias:
+            bias += [(t, b) for t in (tokenize(key) if isinstance(key, str) else [key]) if 0 <= t < n_vocab]
+        opts["logit_bias"] = bias
+    if c.n_probs is not None:
+        opts["n_probs"] = min(c.n_probs, n_vocab)
+    if c.post_sampling_probs is not None:
+        opts["post_sampling_probs"] = c.post_sampling_probs
     return opts
 
 
@@ -157,6 +172,7 @@ def oai_logprobs(probs: Sequence[Any], detok) -> dict:  # type: ignore[no-untype
 
 # -- /infill --------------------------------------------------------------------------------------
 
+@client_input
 def check_infill(body: dict, info) -> None:  # type: ignore[no-untyped-def]
     """llama-server's checks: the model's FIM tokens, and the request's fields."""
     missing = [name for name, tok in (("prefix", info.token_fim_pre), ("suffix", info.token_fim_suf),
@@ -170,6 +186,11 @@ def check_infill(body: dict, info) -> None:  # type: ignore[no-untyped-def]
         raise APIError(400, '"input_prefix" is required')
     if "input_suffix" not in body:
         raise APIError(400, '"input_suffix" is required')
+    for name in ("input_prefix", "input_suffix"):
+        value = body[name]
+        if not (isinstance(value, str) or isinstance(value, list) and all(
+                isinstance(v, str) or _is_int(v) for v in value)):
+            raise APIError(400, f'"{name}" must be a string or a list of strings and token ids')
     extra = body.get("input_extra", [])
     if not isinstance(extra, list):
         raise APIError(400, '"input_extra" must be an array of {"filename": string, "text": string}')

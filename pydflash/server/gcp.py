@@ -13,7 +13,7 @@ import os
 import re
 from typing import Any
 
-from .requests import APIError
+from .requests import APIError, answer_of
 
 __all__ = ["register"]
 
@@ -72,10 +72,8 @@ def register(http, router) -> None:  # type: ignore[no-untyped-def]
         payload["stream"] = False
         try:
             resp = await handler(_InternalRequest(request, payload))
-        except APIError as exc:
-            return exc.body()
-        except Exception as exc:  # noqa: BLE001 - one instance's failure is its own answer
-            return error(500, f"{type(exc).__name__}: {exc}")
+        except Exception as exc:  # noqa: BLE001 - one instance's failure is its own answer (a bug: logged)
+            return answer_of(exc).body()
         try:
             return json.loads(resp.body)
         except (TypeError, ValueError):

@@ -14,7 +14,6 @@ import asyncio
 import hmac
 import os
 import time
-import traceback
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -27,10 +26,10 @@ from . import cors_proxy, gcp
 from .native_routes import NativeRoutes
 from .compat import (anthropic_message, anthropic_stop, anthropic_to_chat, random_id, responses_body,
                      responses_to_chat)
-from .requests import (APIError, Job, check_continuation, make_jobs, parse_body, parse_common, parse_messages,
-                       parse_prompts)
+from .requests import (APIError, Job, answer_of, check_continuation, client_input, from_engine_error, make_jobs,
+                       parse_body, parse_common, parse_messages, parse_prompts)
 from .requests import field_value as _field
-from .features import check_infill, infill_tokens, oai_logprobs, probs_json
+from .features import check_infill, infill_tokens, oai_logprobs, parse_constraints, probs_json
 from .text import detokenize, piece_json, token_bytes, tokenize_mixed
 from .responses import (FINISH_REASONS, STOP_TYPES, SYSTEM_FINGERPRINT, nested_fields, now, settings, sse, timings,
                         usage)
@@ -183,9 +182,8 @@ class HTTPServer:
                 return self._json_error(APIError(exc.status, exc.reason or "error"))
             except ConnectionError:
                 raise
-            except Exception as exc:  # noqa: BLE001 - a bug answers 500, the server keeps serving
-                traceback.print_exc()
-                return self._json_error(APIError(500, f"{type(exc).__name__}: {exc}"))
+            except Exception as exc:  # noqa: BLE001 - a bug answers a logged 500, the server keeps serving
+                return self._json_error(answer_of(exc))
 
         return middleware
 
@@ -314,8 +312,12 @@ class HTTPServer:
         c = self.config
         return {"max_tokens": c.n_predict, "temperature": c.temperature, "seed": c.seed}
 
-    def _jobs(self, body: dict, prompts: list, max_names: list[str], *, piece_tokens: bool = False):  # type: ignore[no-untyped-def]
-        common = parse_common(body, max_names, self._defaults)
+    def _jobs(self, body: dict, prompts: list, max_names: list[str], *, piece_tokens: bool = False,  # type: ignore[no-untyped-def]
+              chat_request: dict | None = None):
+        """Every field the step loop needs, parsed here into the jobs (it never reads the body);
+        ``chat_request``: what the chat templates render for a chat prompt."""
+        common = parse_common(body, max_names, self._defaults, self.config.n_slots)
+        constraints = parse_constraints(body, chat=chat_request is not None)
         jobs, out = make_jobs(prompts, common)
         progress = common.stream and _field(body, ["return_progress"], _is_bool, "a boolean", False)
         per_token = common.stream and _field(body, ["timings_per_token"], _is_bool, "a boolean", False)
@@ -323,7 +325,8 @@ class HTTPServer:
             job.return_progress = progress
             job.timings_per_token = per_token
             job.piece_tokens = piece_tokens and common.stream
-            job.body = body
+            job.constraints = constraints
+            job.chat_request = chat_request
         return common, jobs, out
 
     async def _started(self, jobs: list[Job], out: asyncio.Queue) -> list:
@@ -418,7 +421,7 @@ class HTTPServer:
         return msg
 
     def _probs(self, job: Job, probs) -> list:  # type: ignore[no-untyped-def]
-        return probs_json(probs, self._piece_bytes, bool(job.body.get("post_sampling_probs")))
+        return probs_json(probs, self._piece_bytes, bool(job.constraints.post_sampling_probs))
 
     def _native(self, job: Job, res, content: str, tokens: list[int], stops: tuple) -> dict:  # type: ignore[no-untyped-def]
         """llama.cpp's final /completion object (also the ``__verbose`` of the OpenAI answers)."""
@@ -488,18 +491,19 @@ class HTTPServer:
         return self.web.json_response(data)
 
     def _chat_jobs(self, body: dict, max_names: list[str], *, allow_empty: bool = False):  # type: ignore[no-untyped-def]
+        """Jobs of a chat request (OpenAI's, or Anthropic's / Responses' converted to it): checked
+        here, rendered whole (tools, tool calls, reasoning, response_format, kwargs) by the Jinja
+        templates, as its token count renders it."""
         if allow_empty and body.get("messages") == []:
             messages: list[dict] = []
         else:
             messages = parse_messages(body.get("messages"))
         check_continuation(body, messages)
-        return self._jobs(body, [("chat", messages)], max_names)
+        return self._jobs(body, [("chat", messages)], max_names, chat_request=body)
 
     async def oai_chat(self, request):  # type: ignore[no-untyped-def]
         body = await self._body(request)
         common, jobs, out = self._chat_jobs(body, ["max_completion_tokens", "max_tokens", "n_predict"])
-        for job in jobs:
-            job.chat_request = body  # rendered whole (tools, response_format, kwargs) by the Jinja templates
         # as llama-server: --verbose (its debug mode) adds __verbose to every OpenAI answer
         verbose = _field(body, ["verbose"], _is_bool, "a boolean", False) or self.config.verbose
         cid, created = f"chatcmpl-{uuid.uuid4().hex}", now()
@@ -639,8 +643,8 @@ class HTTPServer:
         def run(engine):  # type: ignore[no-untyped-def]
             try:
                 return len(self.steps.render_chat(body)[1])
-            except errors.InvalidArgumentError as exc:
-                raise APIError(400, str(exc)) from None
+            except (errors.InvalidArgumentError, RecursionError) as exc:
+                raise from_engine_error(exc) from None
 
         return await asyncio.wrap_future(self.steps.call(run))
 

@@ -183,10 +183,29 @@ class StepLoop:
             return
         self.loaded.set_result(None)
         try:
-            while self._iterate():
+            while self._round():
                 pass
         finally:
             self._shutdown()
+
+    def _round(self) -> bool:
+        """``_iterate``, surviving a bug in it: the thread must keep serving (a dead step loop
+        would leave every later request waiting forever), so the running jobs are answered 500,
+        their sequences dropped, and the loop goes on."""
+        try:
+            return self._iterate()
+        except Exception as exc:  # noqa: BLE001 - a server bug, logged; the jobs it hit are answered
+            err = from_engine_error(exc)
+            try:
+                if self.engine is not None and not self.sleeping:
+                    with self.engine.target._lock:
+                        self._fail_live(err)
+                        self._snapshot()
+                self._flush()
+            except Exception:  # noqa: BLE001
+                traceback.print_exc()
+            time.sleep(0.01)  # no busy loop on a persistent failure
+            return True
 
     def _load(self, warmup: bool | None = None) -> None:
         from ..engine import Engine
@@ -272,8 +291,7 @@ class StepLoop:
                     self._add(job)
                 if self._live:
                     stalled = self._step()
-            except Exception as exc:  # noqa: BLE001 - the running jobs fail, the server keeps serving
-                traceback.print_exc()
+            except Exception as exc:  # noqa: BLE001 - the running jobs fail (a bug: logged), the server keeps serving
                 self._fail_live(from_engine_error(exc))
             self._snapshot()
         self._flush()
@@ -320,36 +338,29 @@ class StepLoop:
             constraints = self._constraints(job)
             job.logit_bias = list(constraints.get("logit_bias", ()))
             options = SamplingOptions.build(**{**job.options, **constraints, "seed": seed})
-            sid = self.engine.scheduler.add(tokens, options, **self._spec_args(job.spec), slot=self._slot_of(job),
+            sid = self.engine.scheduler.add(tokens, options, **self._spec_args(job.spec), slot=job.slot_request,
                                             cache_prompt=job.cache_prompt and self.config.cache_prompt,
                                             on_piece=functools.partial(self._on_piece, job))
-        except Exception as exc:  # noqa: BLE001 - bad input: answered 4xx
+        except Exception as exc:  # noqa: BLE001 - bad input: answered 4xx (anything else: a logged 500)
+            self._events.append((job, "error", from_engine_error(exc)))
+            return
+        try:
+            job.prompt_text = detokenize(self.engine.target, tokens)
+        except Exception as exc:  # noqa: BLE001 - a sequence without its job must not keep a slot busy
+            self.engine.scheduler.abandon([sid])
             self._events.append((job, "error", from_engine_error(exc)))
             return
         job.seq_id, job.seed, job.n_prompt = sid, seed, len(tokens)
-        job.prompt_text = detokenize(self.engine.target, tokens)
-        job.t_start = time.monotonic()
         self._live[sid] = job
+        job.t_start = time.monotonic()
         self._events.append((job, "start", len(tokens)))
 
-    def _slot_of(self, job: Job) -> int | None:
-        """llama-server's ``id_slot``: run in that slot (-1 / absent: any free one)."""
-        slot = job.body.get("id_slot", -1)
-        if not isinstance(slot, int) or isinstance(slot, bool):
-            raise APIError(400, "'id_slot' must be an int")
-        if slot == -1:
-            return None
-        if not 0 <= slot < self.engine.scheduler.n_slots:
-            raise APIError(400, f"Invalid id_slot {slot} (0..{self.engine.scheduler.n_slots - 1})")
-        return slot
-
     def _constraints(self, job: Job) -> dict:
-        """Grammar / JSON schema, logit bias and n_probs of the request (a chat request's grammar
-        and extra stop words come from its template render)."""
+        """Grammar, logit bias and n_probs of the request, parsed before it was queued (a chat
+        request's grammar and extra stop words come from its template render)."""
         target = self.engine.target
-        opts = constraint_options(job.body, target.info.n_vocab,
-                                  lambda text: target.tokenize(text, add_special=False, parse_special=False),
-                                  chat=job.kind == "chat")
+        opts = constraint_options(job.constraints, target.info.n_vocab,
+                                  lambda text: target.tokenize(text, add_special=False, parse_special=False))
         r = job.render
         if r is not None:
             if r.get("grammar") and not r.get("grammar_lazy"):
@@ -357,8 +368,7 @@ class StepLoop:
                 opts["grammar_prefix"] = r.get("generation_prompt") or None
             elif r.get("json_schema"):
                 opts["grammar"] = json_schema_to_grammar(r["json_schema"])
-            elif isinstance(job.body.get("grammar"), str) and job.body["grammar"]:
-                opts["grammar"] = job.body["grammar"]  # the client's own grammar: from the first token
+            # else: the client's own grammar (in opts already), from the first token
             if r.get("additional_stops"):
                 opts["stop"] = tuple(job.options["stop"]) + tuple(s for s in r["additional_stops"] if s)
         return opts
@@ -468,7 +478,7 @@ class StepLoop:
             job.t_prefilled = time.monotonic()
         tokens: tuple[int, ...] = ()
         probs: tuple = ()
-        if job.piece_tokens or job.body.get("n_probs") or job.body.get("logprobs"):
+        if job.piece_tokens or job.constraints.probs_per_piece:
             # the tokens committed since the last piece, as the scheduler has them (and their
             # probabilities when asked for); a piece may carry several tokens or none
             sched = self.engine.scheduler
@@ -505,7 +515,7 @@ class StepLoop:
         """The job's prompt tokens, checked against the vocabulary and the slot's context."""
         target = self.engine.target
         if job.kind == "chat":
-            job.render, tokens = self.render_chat(job.chat_request or {**job.body, "messages": job.prompt})
+            job.render, tokens = self.render_chat(job.chat_request or {"messages": job.prompt})
         elif job.kind == "text":
             tokens = target.tokenize(job.prompt)
         elif job.kind == "mixed":  # as llama-server: BOS before a leading string, special tokens parsed

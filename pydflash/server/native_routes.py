@@ -13,7 +13,7 @@ from typing import Any
 
 from .. import errors
 from .features import base64_floats, embedding_rows
-from .requests import APIError, check_model
+from .requests import INT32_MAX, APIError, check_model, client_input, from_engine_error
 
 __all__ = ["NativeRoutes"]
 
@@ -46,8 +46,8 @@ class NativeRoutes:
             raise APIError(503, "Loading model")
         try:
             rendered = await asyncio.get_running_loop().run_in_executor(None, chat.render, body)
-        except errors.InvalidArgumentError as exc:
-            raise APIError(400, str(exc)) from None
+        except (errors.InvalidArgumentError, RecursionError) as exc:  # RecursionError: the body, serialised
+            raise from_engine_error(exc) from None
         return self.http.web.json_response({"prompt": rendered["prompt"]})
 
     # -- embeddings ---------------------------------------------------------------------------------
@@ -57,6 +57,7 @@ class NativeRoutes:
             raise APIError(501, "This server does not support embeddings. Start it with `--embeddings`",
                            "not_supported_error")
 
+    @client_input
     def _inputs(self, value: Any, name: str) -> list[list[int]]:
         target = self.http.engine.target
         from .text import tokenize_mixed
@@ -121,8 +122,8 @@ class NativeRoutes:
             raise APIError(400, "\"input\" or \"content\" must be provided")
         inputs = self._inputs(value, "content")
         norm = body.get("embd_normalize", 2)
-        if not isinstance(norm, int) or isinstance(norm, bool):
-            raise APIError(400, "'embd_normalize' must be an int")
+        if not isinstance(norm, int) or isinstance(norm, bool) or not -INT32_MAX - 1 <= norm <= INT32_MAX:
+            raise APIError(400, "'embd_normalize' must be a 32-bit int")
         pooling = self.config.pooling
         rows = await self._embed(inputs, pooling)
         data = [{"index": i, "embedding": embedding_rows(r, norm if pooling != "none" else -1)}

@@ -3,15 +3,25 @@
 Everything here is checked on the event loop before anything is queued; what needs the model
 (tokenizing, the context size) is checked by the step loop (``loop.py``), which answers 400 the
 same way. A ``Job`` is one sequence to generate (a request with ``n`` choices or a list of
-prompts makes several); the step loop reports back on its ``out`` queue.
+prompts makes several) and carries every field the step loop uses, parsed (it never reads the
+body); the step loop reports back on its ``out`` queue.
+
+Errors: a check that fails raises ``APIError`` (4xx, its own message); a parser is a
+``client_input`` function, so what Python raises on a value of a shape no check foresaw (a
+ValueError, TypeError, OverflowError, or RecursionError for nesting) is a 400 too. Only what
+escapes elsewhere is a server bug: ``answer_of`` logs its traceback and answers 500. Ints bound
+for the C API are range-checked here (int32), as llama-server checks them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import math
+import re
 import threading
+import traceback
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -19,9 +29,14 @@ from typing import Any, NamedTuple
 
 from .. import errors
 
-__all__ = ["APIError", "Common", "Job", "Piece", "Progress", "Speculative", "check_model", "field_value",
-           "from_engine_error", "make_jobs", "parse_body", "parse_common", "parse_messages", "parse_prompts",
-           "check_continuation"]
+__all__ = ["APIError", "Common", "Constraints", "Job", "Piece", "Progress", "Speculative", "answer_of", "check_model",
+           "client_input", "field_value", "from_engine_error", "make_jobs", "parse_body", "parse_common",
+           "parse_messages", "parse_prompts", "check_continuation"]
+
+INT32_MAX = 2**31 - 1  # the C API's int32 fields (max_tokens, top_k, n_max, ...)
+# what parsing a client's value can raise: a value of the wrong shape (ValueError, TypeError), one
+# nested too deeply for Python's recursion limit (RecursionError), a number too large (OverflowError)
+CLIENT_INPUT_ERRORS = (ValueError, TypeError, RecursionError, OverflowError)
 
 ERROR_TYPES = {
     400: "invalid_request_error",
@@ -50,8 +65,40 @@ class APIError(Exception):
         return {"error": {"code": self.status, "message": self.message, "type": self.type, **self.extra}}
 
 
+def bad_input(exc: BaseException) -> APIError:
+    """The 400 for a value a parser could not take (one of ``CLIENT_INPUT_ERRORS``)."""
+    if isinstance(exc, RecursionError):
+        return APIError(400, "the request nests too deeply")
+    if isinstance(exc, OverflowError):
+        return APIError(400, f"a number in the request is out of range ({exc})")
+    return APIError(400, f"invalid request: {exc}")
+
+
+def client_input(fn: Callable) -> Callable:
+    """Decorator of a request parser: what it raises on the client's value (``CLIENT_INPUT_ERRORS``)
+    is answered 400; the parser's own checks raise ``APIError`` with their message."""
+    @functools.wraps(fn)
+    def parse(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except CLIENT_INPUT_ERRORS as exc:
+            raise bad_input(exc) from None
+
+    return parse
+
+
+def answer_of(exc: BaseException) -> APIError:
+    """The HTTP answer to an exception that escaped a handler: an ``APIError`` as it is; anything
+    else is a server bug, logged with its traceback and answered 500 (parsing happens in
+    ``client_input`` parsers, so the client's bad values never get here)."""
+    if isinstance(exc, APIError):
+        return exc
+    traceback.print_exception(exc)
+    return APIError(500, f"{type(exc).__name__}: {exc}")
+
+
 def from_engine_error(exc: BaseException) -> APIError:
-    """The HTTP answer to an exception of the engine (bad input: 4xx; anything else: 500)."""
+    """The HTTP answer to an exception of the engine (bad input: 4xx; anything else: a logged 500)."""
     if isinstance(exc, APIError):
         return exc
     if isinstance(exc, errors.ContextFullError):
@@ -60,7 +107,9 @@ def from_engine_error(exc: BaseException) -> APIError:
         return APIError(400, str(exc))
     if isinstance(exc, errors.UnsupportedError):
         return APIError(501, str(exc))
-    return APIError(500, f"{type(exc).__name__}: {exc}")
+    if isinstance(exc, RecursionError):  # the client's JSON serialised for the chat templates / schema converter
+        return bad_input(exc)
+    return answer_of(exc)
 
 
 @dataclass(frozen=True)
@@ -70,6 +119,18 @@ class Speculative:
     n_max: int | None = None
     n_min: int | None = None
     p_min: float | None = None
+
+
+@dataclass(frozen=True)
+class Constraints:
+    """A request's constraints and probability fields, parsed on the event loop (the step loop only
+    resolves texts to tokens and clamps to the vocabulary: ``features.constraint_options``)."""
+
+    grammar: str | None = None        # GBNF: the client's, or its json_schema / response_format converted
+    logit_bias: tuple[tuple[int | str, float], ...] = ()  # a token id or a text (all its tokens), the bias
+    n_probs: int | None = None        # candidates per token (n_probs, logprobs, top_logprobs)
+    post_sampling_probs: bool | None = None
+    probs_per_piece: bool = False     # streamed pieces carry their tokens' probabilities
 
 
 class Piece(NamedTuple):
@@ -107,7 +168,8 @@ class Job:
     return_progress: bool = False     # stream ("progress", index, Progress) events
     timings_per_token: bool = False   # streamed pieces and progress reports carry the timings so far
     piece_tokens: bool = False        # pieces carry token ids (llama.cpp's streamed ``tokens``)
-    body: dict = field(default_factory=dict)  # the request (constraints: grammar, logit_bias, n_probs ...)
+    constraints: Constraints = Constraints()
+    slot_request: int | None = None   # llama-server's ``id_slot`` (None: any free slot)
     chat_request: dict | None = None  # an OpenAI chat request to render with the Jinja templates
     # -- set by the step loop
     seq_id: int = 0                   # the scheduler's sequence id (0: not queued yet)
@@ -141,6 +203,7 @@ class Common:
     n: int
     stream: bool
     cache_prompt: bool
+    slot: int | None = None           # id_slot (None: any free slot)
 
 
 def _is_int(v: Any) -> bool:
@@ -148,7 +211,15 @@ def _is_int(v: Any) -> bool:
 
 
 def _is_num(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    """A finite number (an int too large for a float is not one)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return False
+    return math.isfinite(v) if isinstance(v, float) else abs(v) <= 2**1023
+
+
+def int_in(lo: int, hi: int) -> Callable[[Any], bool]:
+    """A check for ``field_value``: an int in [lo, hi]."""
+    return lambda v: _is_int(v) and lo <= v <= hi
 
 
 def _is_bool(v: Any) -> bool:
@@ -162,18 +233,42 @@ def field_value(body: dict, names: Sequence[str], check: Callable[[Any], bool], 
         if name in body and body[name] is not None:
             value = body[name]
             if not check(value):
-                raise APIError(400, f"'{name}' must be {what}, got {json.dumps(value)[:80]}")
+                raise APIError(400, f"'{name}' must be {what}, got {_shown(value)}")
             return value
     return default
 
 
+def _shown(value: Any, limit: int = 80) -> str:
+    """A client's value in an error message, cut short (deep or huge values too)."""
+    try:
+        text = json.dumps(value)
+    except CLIENT_INPUT_ERRORS:
+        text = f"a {type(value).__name__}"
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
 def parse_body(raw: bytes) -> dict:
+    """The request's JSON object. Refused (400) as llama-server's JSON parser refuses them: bad
+    JSON, and a \\uD800-\\uDFFF escape that is not half of a pair (no UTF-8 text has it; it
+    would fail at the tokenizer); also a body nested deeper than Python's parser goes."""
     try:
         body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
+    except RecursionError:
+        raise APIError(400, "malformed JSON body: nested too deeply") from None
+    except ValueError as exc:  # UnicodeDecodeError included
         raise APIError(400, f"malformed JSON body: {exc}") from None
     if not isinstance(body, dict):
         raise APIError(400, "the JSON body must be an object")
+    if _SURROGATE_ESCAPE.search(raw):  # rare: only then look at every string
+        try:
+            json.dumps(body, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise APIError(400, "malformed JSON body: a lone UTF-16 surrogate escape (\\uD800-\\uDFFF)") from None
+        except RecursionError:
+            raise APIError(400, "malformed JSON body: nested too deeply") from None
     return body
 
 
@@ -199,8 +294,8 @@ def _speculative(body: dict) -> Speculative:
             if not _is_num(v) or not 0.0 <= v <= 1.0:
                 raise APIError(400, "'speculative.p_min' must be a number in [0, 1]")
             v = float(v)
-        elif not _is_int(v) or v < 0:
-            raise APIError(400, f"'speculative.{name}' must be an int >= 0")
+        elif not _is_int(v) or not 0 <= v <= INT32_MAX:
+            raise APIError(400, f"'speculative.{name}' must be an int in [0, {INT32_MAX}]")
         values[name] = v
     spec = Speculative(**values)
     if spec.n_max is not None and spec.n_min is not None and spec.n_min > spec.n_max:
@@ -210,15 +305,17 @@ def _speculative(body: dict) -> Speculative:
 
 def _sampling(body: dict, max_names: Sequence[str], defaults: dict) -> dict:
     opts: dict[str, Any] = {}
-    max_tokens = field_value(body, max_names, _is_int, "an int", defaults.get("max_tokens", -1))
-    if max_tokens < -1 or max_tokens == 0 and max_names[0] != "n_predict":
+    # as llama-server: between -1 (until the end of the context) and the C API's int32 maximum
+    max_tokens = field_value(body, max_names, int_in(-1, INT32_MAX), f"an int between -1 and {INT32_MAX}",
+                             defaults.get("max_tokens", -1))
+    if max_tokens == 0 and max_names[0] != "n_predict":
         raise APIError(400, f"'{max_names[0]}' must be a positive int (or -1: until the end of the context)")
     opts["max_tokens"] = max_tokens
     temperature = field_value(body, ["temperature"], _is_num, "a number", defaults.get("temperature", 0.8))
     if temperature < 0:
         raise APIError(400, "'temperature' must be >= 0")
     opts["temperature"] = float(temperature)
-    top_k = field_value(body, ["top_k"], _is_int, "an int", 40)
+    top_k = field_value(body, ["top_k"], int_in(-INT32_MAX - 1, INT32_MAX), "a 32-bit int", 40)
     opts["top_k"] = max(top_k, 0)
     top_p = field_value(body, ["top_p"], _is_num, "a number", 0.95)
     if not 0.0 <= top_p <= 1.0:
@@ -246,9 +343,11 @@ def _sampling(body: dict, max_names: Sequence[str], defaults: dict) -> dict:
     return opts
 
 
-def parse_common(body: dict, max_names: Sequence[str], defaults: dict | None = None) -> Common:
-    """Sampling, speculative overrides, ``n``, ``stream``, ``cache_prompt`` (and the model check).
-    ``defaults``: the server's ``max_tokens`` / ``temperature`` / ``seed`` (--n-predict, --temp, --seed)."""
+@client_input
+def parse_common(body: dict, max_names: Sequence[str], defaults: dict | None = None, n_slots: int = 1) -> Common:
+    """Sampling, speculative overrides, ``n``, ``stream``, ``cache_prompt``, ``id_slot`` (and the
+    model check). ``defaults``: the server's ``max_tokens`` / ``temperature`` / ``seed`` (--n-predict,
+    --temp, --seed); ``n_slots``: the server's slots (-np)."""
     check_model(body)
     options = _sampling(body, max_names, defaults or {})
     spec = _speculative(body)
@@ -257,7 +356,11 @@ def parse_common(body: dict, max_names: Sequence[str], defaults: dict | None = N
         raise APIError(400, "'n' must be in 1..128")
     stream = field_value(body, ["stream"], _is_bool, "a boolean", False)
     cache_prompt = field_value(body, ["cache_prompt"], _is_bool, "a boolean", True)
-    return Common(options=options, spec=spec, n=n, stream=stream, cache_prompt=cache_prompt)
+    slot = field_value(body, ["id_slot"], _is_int, "an int", -1)
+    if slot != -1 and not 0 <= slot < n_slots:
+        raise APIError(400, f"Invalid id_slot {_shown(slot)} (0..{n_slots - 1})")
+    return Common(options=options, spec=spec, n=n, stream=stream, cache_prompt=cache_prompt,
+                  slot=None if slot == -1 else slot)
 
 
 PROMPT_FORMS = ("'prompt' must be a string, a list of token ids, a list of strings and token ids, an object "
@@ -282,6 +385,7 @@ def _subprompt(value: Any, name: str) -> tuple[str, Any]:
     raise APIError(400, PROMPT_FORMS.replace("'prompt'", f"'{name}'"))
 
 
+@client_input
 def parse_prompts(value: Any, name: str = "prompt") -> list[tuple[str, Any]]:
     """A completion prompt as llama-server takes it: one sequence (a string, token ids, a mixed list
     of strings and ids, a ``{"prompt_string": ...}`` object), or a list of those (one choice each).
@@ -293,6 +397,7 @@ def parse_prompts(value: Any, name: str = "prompt") -> list[tuple[str, Any]]:
     return [_subprompt(value, name)]
 
 
+@client_input
 def parse_messages(value: Any) -> list[dict]:
     if not isinstance(value, list) or not value:
         raise APIError(400, "'messages' must be a non-empty list")
@@ -316,6 +421,7 @@ def parse_messages(value: Any) -> list[dict]:
     return out
 
 
+@client_input
 def check_continuation(body: dict, messages: list[dict]) -> None:
     """llama-server's checks of a final assistant message (a prefill to continue) and of
     ``add_generation_prompt`` / ``continue_final_message`` (400 where it refuses)."""
@@ -340,5 +446,5 @@ def make_jobs(prompts: list[tuple[str, Any]], common: Common) -> tuple[list[Job]
             if opts["seed"] is not None:
                 opts["seed"] += j
             jobs.append(Job(index=p_i * common.n + j, prompt=prompt, kind=kind, options=opts, spec=common.spec,
-                            cache_prompt=common.cache_prompt, out=out))
+                            cache_prompt=common.cache_prompt, out=out, slot_request=common.slot))
     return jobs, out
