@@ -23,7 +23,8 @@ from pydflash.convert import read_gguf_header
 from pydflash.draft_vocab import TokenCounts, calibrate, choose, coverage, write_reduced_drafter
 from pydflash.reference import TargetWeights
 
-from test_drafter_native import BLOCK, VOCAB, _build, random_context, reference_block
+from conftest import KERNELS, kernels_for
+from test_drafter_native import BLOCK, VOCAB, _build, nmse, random_context, reference_block
 from test_speculative_loop import CHI2_CRIT_001, _chi2, _tie_aware_equal, exact_second_token_distribution
 
 N_DRAFT = 3000
@@ -162,19 +163,31 @@ def test_loader_refuses_bad_d2t(drafters, smollm2_path, tmp_path):
 
 
 @pytest.mark.parametrize("kind", ["dflash2", "dflash"])
-def test_logits_are_the_full_head_restricted(kind, drafters, smollm2_path):
-    """Same context, same block: the reduced head's logits are the full head's columns at d2t
-    (the same ggml kernels on the same rows, so exactly equal)."""
+@pytest.mark.parametrize("kern", KERNELS)
+def test_logits_are_the_full_head_restricted(kind, drafters, smollm2_path, kern):
+    """Same context, same block: the reduced head's logits are the full head's columns at d2t.
+    stock: the same ggml kernels on the same rows, so exactly equal. default: the reduced head is
+    the drafter's own Q8_0 tensor, on pydflash's kernels, the full one the target's mapped head,
+    on ggml's (borrowed weights stay in the target's buffer): both round the activations to Q8_0
+    (each its own way), so they differ by far less than that rounding (NMSE ~1e-5 against the
+    exact head, test_drafter_native)."""
     full, reduced, _, ids = drafters[kind]
     feats = random_context(30, seed=4)
     got = {}
     for name, path in (("full", full), ("reduced", reduced)):
-        with Drafter(path, smollm2_path, n_ctx=64, n_threads=1) as d:
+        with kernels_for(kern):
+            d = Drafter(path, smollm2_path, n_ctx=64, n_threads=1)
+        with d:
             d.inject(feats, np.arange(30))
             got[name] = d.forward(777, 30)
     np.testing.assert_array_equal(got["reduced"][0], got["full"][0])
     assert got["reduced"][1].shape == (BLOCK, N_DRAFT)
-    np.testing.assert_array_equal(got["reduced"][1], got["full"][1][:, ids])
+    if kern == "stock":
+        np.testing.assert_array_equal(got["reduced"][1], got["full"][1][:, ids])
+    else:
+        err = nmse(got["reduced"][1], got["full"][1][:, ids])
+        print(f"restricted vs full head, default kernels: logits NMSE {err:.2e}")
+        assert err <= 1e-6
 
 
 @pytest.mark.parametrize("kind", ["dflash2", "dflash"])

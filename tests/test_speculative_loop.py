@@ -2,8 +2,9 @@
 acceptance is known in advance: a replay of plain decoding's own continuation (always right)
 and the same shifted by one token id (always wrong).
 
-Every test runs twice: on ggml's own CPU kernels and on pydflash's multi-row kernels (issue #15),
-so the loop is lossless whichever of them computes the verify rows."""
+Every test runs twice: on ggml's own CPU kernels (PYDFLASH_KERNELS=0) and on pydflash's multi-row
+kernels (issue #15; the default, forced on here so that a scalar-only CPU runs them too), so the
+loop is lossless whichever of them computes the verify rows."""
 
 from __future__ import annotations
 
