@@ -1,7 +1,9 @@
 """``pydflash bench`` and ``pydflash profile`` end to end on SmolLM2 with a tiny random drafter.
 
 References: the shipped llama-server (its greedy tokens must equal our plain decoding's), and the
-per-sample numbers the reports are aggregated from (recomputed here)."""
+per-sample numbers the reports are aggregated from (recomputed here). The end-to-end run pins
+ggml's stock kernels (PYDFLASH_KERNELS=0), so that llama-server's tokens are ours bit for bit; the
+same comparison with the default kernels, tie-aware, is test_generate's (same model, same server)."""
 
 from __future__ import annotations
 
@@ -51,7 +53,8 @@ def test_bad_prompt_files_are_clear_errors(tmp_path, line, message):
         prompts.load(str(tmp_path / "missing.jsonl"))
 
 
-def test_bench_end_to_end(tmp_path, smollm2_path, drafter, capsys):
+def test_bench_end_to_end(tmp_path, smollm2_path, drafter, capsys, monkeypatch):
+    monkeypatch.setenv("PYDFLASH_KERNELS", "0")  # our modes on ggml's kernels: bit for bit llama-server's
     out = tmp_path / "out"
     garbage = tmp_path / "not-a-model.gguf"
     garbage.write_bytes(b"GGUF" + b"\0" * 60)  # upstream draft-simple cannot load it: that mode fails alone

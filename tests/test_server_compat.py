@@ -9,6 +9,10 @@ endpoint; CORS (preflight, ``--cors-origins localhost``); several ``--host`` add
 the role-only first chunk of a chat stream, ``response_fields``, ``verbose``, ``return_progress``,
 the server's default seed and n_predict, chat validation. Greedy texts are compared tie-aware
 (as in test_server.py: equal, or the first difference sits on a near-tie of plain decoding).
+
+pydflash's servers here run on ggml's stock CPU kernels (``PYDFLASH_KERNELS=0``): what is compared
+is the API, and the texts it carries are then llama-server's bit for bit. The default kernels'
+texts against llama-server's, tie-aware, are test_generate's and test_server_native's twins.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from conftest import kernels_subprocess_env
 from net import free_port, wait_healthy
 from test_server import _assert_same_greedy, _stop
 
@@ -97,7 +102,7 @@ def _start_ours(args: list[str], log: Path) -> tuple[subprocess.Popen, int]:
     port = free_port()
     with open(log, "wb") as f:
         proc = subprocess.Popen([sys.executable, "-m", "pydflash.server", *args, "--port", str(port)],
-                                stdout=f, stderr=subprocess.STDOUT)
+                                stdout=f, stderr=subprocess.STDOUT, env=kernels_subprocess_env("stock"))
     return proc, port
 
 
@@ -201,7 +206,8 @@ def _same(smollm2, ours: dict, up: dict) -> None:  # type: ignore[no-untyped-def
     assert ours["prompt"] == up["prompt"]
 
 
-def test_prompt_forms_equal_upstream(servers, smollm2):
+def test_prompt_forms_equal_upstream(servers, smollm2_stock):
+    smollm2 = smollm2_stock
     tokens = _post(servers["upstream"], "/tokenize", {"content": PROMPT, "add_special": True})["tokens"]
     singles = [PROMPT, tokens, {"prompt_string": PROMPT}, [1, 2, 3, PROMPT, 7, 8, PROMPT],
                [PROMPT, 42, " and"]]
