@@ -407,18 +407,6 @@ def _commit_of(snapshot: Path) -> str:
 
 
 @contextlib.contextmanager
-def _lock(path: Path) -> Iterator[None]:
-    import fcntl
-
-    with open(path, "a+b") as f:
-        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
-
-
-@contextlib.contextmanager
 def _held_back(logger: logging.Logger) -> Iterator[list[str]]:
     """The messages ``logger`` emits inside, collected instead of shown."""
     notes: list[str] = []
@@ -457,7 +445,9 @@ def convert_checkpoint(checkpoint: Path, repo_id: str, target: str | os.PathLike
         log.info("drafter %s (%s, %s) for %s: cached %s", repo_id, commit[:12], out_type, Path(target).name, final)
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
-    with _lock(final.with_name(final.name + ".lock")):
+    from .models import _locked  # the file lock the model cache uses too
+
+    with _locked(final.with_name(final.name + ".lock")):
         if final.is_file():  # another process converted it while we waited
             return final
         stem = final.with_name(f".{final.stem}.{os.getpid()}.{uuid.uuid4().hex[:8]}")
