@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from net import free_port, post_json, wait_healthy  # noqa: E402
+from pydflash._upstream import free_port, post_json, wait_healthy  # noqa: E402
 
 from pydflash import models  # noqa: E402
 from pydflash._tools import tool_path  # noqa: E402

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from net import free_port, post_json, wait_healthy
+from pydflash._upstream import free_port, post_json, wait_healthy
 from fixtures_tiny import (
     REFERENCE_CONFIG,
     REFERENCE_HEADER,

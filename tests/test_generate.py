@@ -12,7 +12,7 @@ import pytest
 
 from pydflash._tools import tool_path
 from conftest import KERNELS, TIE_LOG_RATIO, assert_tie_aware, kernels_subprocess_env, reference_logits
-from net import free_port, post_json, wait_healthy
+from pydflash._upstream import free_port, post_json, wait_healthy
 
 PROMPTS = [
     "The capital of France is",

@@ -32,7 +32,7 @@ import numpy as np
 import openai
 import pytest
 from fixtures_tiny import smollm2_drafter_config, write_checkpoint
-from net import free_port, wait_healthy
+from pydflash._upstream import free_port, wait_healthy
 
 from pydflash import Engine, Result, Target
 from pydflash._tools import tool_path

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 from conftest import kernels_subprocess_env
-from net import free_port, wait_healthy
+from pydflash._upstream import free_port, wait_healthy
 from test_server import _assert_same_greedy, _stop
 
 from pydflash._tools import tool_path

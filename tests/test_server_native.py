@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import EMBED_COSINE, KERNELS, LOGPROB_TOL, assert_tie_aware, kernels_subprocess_env
-from net import free_port, wait_healthy
+from pydflash._upstream import free_port, wait_healthy
 from test_server import _stop
 
 from pydflash._tools import tool_path
