@@ -108,6 +108,9 @@ class Result:
     capture: Capture | None = field(default=None, repr=False)  # with capture=True
 
 
+_INT32_MAX = 2**31 - 1  # the C API's counts are int32
+
+
 @dataclass(frozen=True)
 class SamplingOptions:
     """Sampling and stopping options, validated in Python before reaching C."""
@@ -127,14 +130,14 @@ class SamplingOptions:
     post_sampling_probs: bool = False
 
     def __post_init__(self) -> None:
-        if not isinstance(self.max_tokens, int) or self.max_tokens < -1:
-            raise errors.InvalidArgumentError(f"max_tokens must be an int >= -1, got {self.max_tokens!r}")
+        if not isinstance(self.max_tokens, int) or not -1 <= self.max_tokens <= _INT32_MAX:
+            raise errors.InvalidArgumentError(f"max_tokens must be an int in [-1, {_INT32_MAX}], got {self.max_tokens!r}")
         if not isinstance(self.temperature, (int, float)) or self.temperature != self.temperature:
             raise errors.InvalidArgumentError(f"temperature must be a number, got {self.temperature!r}")
         if self.temperature < 0:
             raise errors.InvalidArgumentError(f"temperature must be >= 0, got {self.temperature}")
-        if not isinstance(self.top_k, int) or self.top_k < 0:
-            raise errors.InvalidArgumentError(f"top_k must be an int >= 0, got {self.top_k!r}")
+        if not isinstance(self.top_k, int) or not 0 <= self.top_k <= _INT32_MAX:
+            raise errors.InvalidArgumentError(f"top_k must be an int in [0, {_INT32_MAX}], got {self.top_k!r}")
         if not isinstance(self.top_p, (int, float)) or not 0.0 < self.top_p <= 1.0:
             raise errors.InvalidArgumentError(f"top_p must be in (0, 1], got {self.top_p!r}")
         if not isinstance(self.min_p, (int, float)) or not 0.0 <= self.min_p <= 1.0:
@@ -149,8 +152,8 @@ class SamplingOptions:
             if (not isinstance(item, tuple) or len(item) != 2 or not isinstance(item[0], int)
                     or isinstance(item[0], bool) or not isinstance(item[1], (int, float)) or item[1] != item[1]):
                 raise errors.InvalidArgumentError(f"logit_bias entries must be (token, number), got {item!r}")
-        if not isinstance(self.n_probs, int) or isinstance(self.n_probs, bool) or self.n_probs < 0:
-            raise errors.InvalidArgumentError(f"n_probs must be an int >= 0, got {self.n_probs!r}")
+        if not isinstance(self.n_probs, int) or isinstance(self.n_probs, bool) or not 0 <= self.n_probs <= _INT32_MAX:
+            raise errors.InvalidArgumentError(f"n_probs must be an int in [0, {_INT32_MAX}], got {self.n_probs!r}")
 
     @classmethod
     def build(cls, stop: str | Sequence[str] | None = None, logit_bias=None, json_schema=None,  # type: ignore[no-untyped-def]

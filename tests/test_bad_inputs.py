@@ -256,7 +256,8 @@ def test_n_max_over_block_is_clamped(engine, plain):
 
 @pytest.mark.parametrize("options", [dict(temperature=float("nan")), dict(temperature=-0.1), dict(top_p=0.0),
                                      dict(top_k=-2), dict(min_p=-0.5), dict(max_tokens=-2), dict(seed=2**64),
-                                     dict(stop=[""]), dict(max_tokens=2.5)])
+                                     dict(stop=[""]), dict(max_tokens=2.5), dict(max_tokens=10**12),
+                                     dict(top_k=2**31), dict(n_probs=2**40)])
 def test_invalid_sampling_values(engine, plain, options):
     with pytest.raises(pydflash.InvalidArgumentError):
         engine.generate(PROMPT, **options)
