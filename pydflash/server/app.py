@@ -7,6 +7,7 @@ import signal
 import sys
 import time
 
+from .. import errors
 from .config import ServerConfig, build_parser, config_from_args
 
 __all__ = ["main", "serve"]
@@ -93,6 +94,9 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:
         print(exc, file=sys.stderr)
         return 2
+    except errors.PydflashError as exc:  # e.g. a Hub reference that cannot be resolved: one line
+        print(f"pydflash serve: error: {exc}", file=sys.stderr)
+        return 1
     try:
         return asyncio.run(serve(config))
     except KeyboardInterrupt:
