@@ -82,7 +82,7 @@ template <int NI, int DW> void accumulate(const AttnBlockArgs & a, int i0, int d
     for (int jj = 0; jj < a.nj; ++jj) {
         __m256 vv[DW];
         for (int w = 0; w < DW; ++w) {
-            vv[w] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(a.v + jj * a.v_stride + d0 + 8 * w)));
+            vv[w] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(a.v[jj] + d0 + 8 * w)));
         }
         for (int i = 0; i < NI; ++i) {
             const __m256 pb = _mm256_broadcast_ss(a.p + jj * qp + i0 + i);
@@ -114,7 +114,7 @@ void attn_block(const AttnBlockArgs & a) {
     const int D = a.D, qp = a.qp, nj = a.nj;
     for (int jj = 0; jj < nj; ++jj) {
         for (int d = 0; d < D; d += 8) {
-            const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i *>(a.k + jj * a.k_stride + d));
+            const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i *>(a.k[jj] + d));
             _mm256_storeu_ps(a.kf + jj * D + d, _mm256_cvtph_ps(h));
         }
     }

@@ -43,7 +43,7 @@ namespace scalar {
 void attn_block(const AttnBlockArgs & a) {
     const int D = a.D, qp = a.qp, nj = a.nj;
     for (int jj = 0; jj < nj; ++jj) {
-        for (int d = 0; d < D; ++d) a.kf[jj * D + d] = half_to_float(a.k[jj * a.k_stride + d]);
+        for (int d = 0; d < D; ++d) a.kf[jj * D + d] = half_to_float(a.k[jj][d]);
     }
     for (int jj = 0; jj < nj; ++jj) {
         for (int i = 0; i < qp; ++i) {
@@ -71,7 +71,7 @@ void attn_block(const AttnBlockArgs & a) {
     for (int i = 0; i < a.nq; ++i) {
         for (int d = 0; d < D; ++d) {
             float acc = a.o[i * D + d] * a.alpha[i];
-            for (int jj = 0; jj < nj; ++jj) acc = std::fma(a.p[jj * qp + i], half_to_float(a.v[jj * a.v_stride + d]), acc);
+            for (int jj = 0; jj < nj; ++jj) acc = std::fma(a.p[jj * qp + i], half_to_float(a.v[jj][d]), acc);
             a.o[i * D + d] = acc;
         }
     }
