@@ -35,10 +35,8 @@ __all__ = [
     "CapturedSequence",
     "Continuation",
     "capture_continuations",
-    "capture_sequence",
     "decode_features",
     "encode_features",
-    "generate_continuations",
 ]
 
 CACHE_VERSION = 1
@@ -66,21 +64,6 @@ class CapturedSequence:
     prompt_len: int
     features: np.ndarray  # [n, L, H] float32
     labels: np.ndarray  # [n] int32: target argmax at each row (prediction for the next position)
-
-
-def generate_continuations(target, prompts: Sequence[Sequence[int]], *, max_tokens: int,
-                           batch: int = 8) -> list[list[int]]:  # type: ignore[no-untyped-def]
-    """The target's greedy continuations of token prompts, ``batch`` sequences at a time.
-
-    ``target`` is a ``pydflash.Engine`` without drafter (plain batched decoding); sequences stop
-    at the target's end-of-generation token or after ``max_tokens``.
-    """
-    out: list[list[int]] = []
-    for i in range(0, len(prompts), batch):
-        chunk = [list(p) for p in prompts[i: i + batch]]
-        results = target.generate_batch(chunk, max_tokens=max_tokens, temperature=0.0)
-        out.extend(list(r.tokens) for r in results)
-    return out
 
 
 @dataclass(frozen=True)
@@ -134,33 +117,6 @@ def capture_continuations(target, jobs: Iterable[Continuation], tap_layers: Sequ
             refill()
     finally:
         sched.close()
-
-
-def capture_sequence(target, tokens: Sequence[int], tap_layers: Sequence[int], *,
-                     chunk: int = 256) -> tuple[np.ndarray, np.ndarray]:  # type: ignore[no-untyped-def]
-    """Decode ``tokens`` on sequence 0 from position 0 with taps on.
-
-    Args:
-        target: a ``pydflash.Target`` (its KV cache of sequence 0 is cleared).
-        tap_layers: HF layer ids (the drafter's ``target_layer_ids``).
-        chunk: rows per decode call (<= the target's n_batch).
-    Returns:
-        (features ``[n, L, H]`` float32, labels ``[n]`` int32 = argmax of each row's logits).
-    """
-    tokens = [int(t) for t in tokens]
-    target.rollback(0)
-    target.set_taps([int(layer) + 1 for layer in tap_layers])
-    feats, labels = [], []
-    try:
-        for start in range(0, len(tokens), chunk):
-            part = tokens[start: start + chunk]
-            target.decode(part, all_logits=True)
-            feats.append(np.stack([target.tap_rows(k) for k in range(len(tap_layers))], axis=1))
-            labels.extend(int(np.argmax(target.logits(r))) for r in range(len(part)))
-    finally:
-        target.set_taps([])
-        target.rollback(0)
-    return np.concatenate(feats, axis=0), np.asarray(labels, dtype=np.int32)
 
 
 class FeatureCache:
