@@ -24,7 +24,8 @@ from pathlib import Path
 
 
 def worker(args: argparse.Namespace) -> None:
-    from pydflash import Engine, prompts
+    from pydflash import Engine
+    from pydflash.fetch import prompt_sets as prompts
 
     prompt = prompts.load(args.prompts, limit=1, offset=args.offset + args.index)[0]
     drafter = None if args.mode == "plain" else (args.model_draft or "auto")
@@ -80,7 +81,7 @@ def main() -> int:
         return json.loads(out.stdout.strip().splitlines()[-1])
 
     # the warm mode's cache: models are looked up in the real cache, tuning in its own dir
-    from pydflash import models
+    from pydflash.fetch import registry as models
 
     for cache in (warm_cache, cold_cache):
         (cache / "models").mkdir(parents=True)

@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
 
-    from pydflash import models
+    from pydflash.fetch import registry as models
     from pydflash.train.pipeline import default_taps
     from pydflash.train.init import target_facts
     from pydflash.train.prompts import load

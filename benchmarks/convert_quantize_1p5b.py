@@ -50,7 +50,7 @@ def main() -> None:
     p.add_argument("--layers", type=int, default=5)
     p.add_argument("--workdir", type=Path, default=Path("/tmp/dflash-1p5b"))
     args = p.parse_args()
-    from pydflash import models
+    from pydflash.fetch import registry as models
 
     target = models.path("qwen2.5-coder-1.5b")
     hf = args.workdir / "hf"

@@ -2,7 +2,7 @@
 
 For each target (Qwen2.5-Coder-0.5B / 1.5B Q4_K_M) a random-weight DFlash2 drafter of the
 target's shape (5 layers, Q4_K_M, as benchmarks/convert_quantize_1p5b.py makes) is calibrated
-into a reduced-vocabulary drafter (`pydflash.draft_vocab`: the target's own greedy outputs on
+into a reduced-vocabulary drafter (`pydflash.formats.draft_vocab`: the target's own greedy outputs on
 calibration prompts, N most frequent tokens), then every benchmark prompt runs plain ->
 speculative(full) -> speculative(reduced). Random weights mean acceptance ~0, so what this
 measures is the cost side: milliseconds of drafting per cycle, its share of a cycle, and the
@@ -24,8 +24,9 @@ from pathlib import Path
 
 import numpy as np
 
-from pydflash import Engine, Target, models
-from pydflash.draft_vocab import calibrate, choose, coverage, write_reduced_drafter
+from pydflash import Engine, Target
+from pydflash.fetch import registry as models
+from pydflash.formats.draft_vocab import calibrate, choose, coverage, write_reduced_drafter
 
 CALIBRATION = [  # code-completion prompts, disjoint from BENCH
     "def fibonacci(n):", "def merge_sort(xs):", "def read_csv(path):", "class LinkedList:\n    def __init__(self):",
@@ -56,8 +57,8 @@ def make_drafter(target_path: Path, workdir: Path, layers: int = 5) -> Path:
     import torch
     from fixtures_tiny import write_checkpoint
 
-    from pydflash.convert import convert, read_target_gguf
-    from pydflash.quantize import quantize
+    from pydflash.formats.convert import convert, read_target_gguf
+    from pydflash.formats.quantize import quantize
     from pydflash.reference.config import DFlashConfig
 
     info = read_target_gguf(target_path)

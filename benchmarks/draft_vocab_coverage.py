@@ -12,8 +12,9 @@ import time
 
 import numpy as np
 
-from pydflash import Target, models
-from pydflash.draft_vocab import calibrate, choose, coverage
+from pydflash import Target
+from pydflash.fetch import registry as models
+from pydflash.formats.draft_vocab import calibrate, choose, coverage
 
 from draft_vocab import BENCH, CALIBRATION
 

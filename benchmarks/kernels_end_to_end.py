@@ -22,7 +22,9 @@ import platform
 import statistics
 import time
 
-from pydflash import Engine, Target, drafters, kernels, models
+from pydflash import Engine, Target, drafters
+from pydflash.runtime import kernels
+from pydflash.fetch import registry as models
 
 PROMPTS = [
     "def quicksort(arr):",

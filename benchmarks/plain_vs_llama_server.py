@@ -14,8 +14,9 @@ import subprocess
 import time
 import urllib.request
 
-from pydflash import Target, models
-from pydflash._tools import tool_path
+from pydflash import Target
+from pydflash.fetch import registry as models
+from pydflash.tools.upstream_binaries import tool_path
 
 PROMPTS = [
     "def quicksort(arr):",

@@ -33,7 +33,8 @@ def main() -> int:
     args = ap.parse_args()
     os.environ["PYDFLASH_AUTOTUNE_CACHE"] = "0"
 
-    from pydflash import Engine, prompts
+    from pydflash import Engine
+    from pydflash.fetch import prompt_sets as prompts
 
     counts = [int(x) for x in args.seqs.split(",")]
     n_max_seq = max(counts)

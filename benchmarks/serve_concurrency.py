@@ -25,10 +25,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from pydflash._upstream import free_port, post_json, wait_healthy  # noqa: E402
+from pydflash.tools.upstream_server import free_port, post_json, wait_healthy  # noqa: E402
 
-from pydflash import models  # noqa: E402
-from pydflash._tools import tool_path  # noqa: E402
+from pydflash.fetch import registry as models  # noqa: E402
+from pydflash.tools.upstream_binaries import tool_path  # noqa: E402
 
 SHIPPED = Path(__file__).resolve().parents[1] / "pydflash" / "drafters" / "smollm2-135m-instruct-dflash2.gguf"
 

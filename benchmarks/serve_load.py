@@ -22,12 +22,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from fixtures_tiny import smollm2_drafter_config, write_checkpoint  # noqa: E402
-from pydflash._upstream import free_port, post_json, wait_healthy  # noqa: E402
+from pydflash.tools.upstream_server import free_port, post_json, wait_healthy  # noqa: E402
 
-from pydflash import models  # noqa: E402
-from pydflash._tools import tool_path  # noqa: E402
-from pydflash.convert import convert  # noqa: E402
-from pydflash.quantize import quantize  # noqa: E402
+from pydflash.fetch import registry as models  # noqa: E402
+from pydflash.tools.upstream_binaries import tool_path  # noqa: E402
+from pydflash.formats.convert import convert  # noqa: E402
+from pydflash.formats.quantize import quantize  # noqa: E402
 
 
 def load(base: str, clients: int, requests: int, n_predict: int) -> dict:

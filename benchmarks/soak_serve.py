@@ -30,10 +30,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from fixtures_tiny import smollm2_drafter_config, write_checkpoint  # noqa: E402
-from pydflash._upstream import free_port, wait_healthy  # noqa: E402
+from pydflash.tools.upstream_server import free_port, wait_healthy  # noqa: E402
 
-from pydflash import models  # noqa: E402
-from pydflash.convert import convert  # noqa: E402
+from pydflash.fetch import registry as models  # noqa: E402
+from pydflash.formats.convert import convert  # noqa: E402
 
 PROMPTS = ["Write a haiku about the sea.", "def quicksort(xs):", "List three prime numbers:",
            "The capital of France is", "Explain recursion in one sentence.", "Once upon a time",

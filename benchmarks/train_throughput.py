@@ -70,6 +70,7 @@ def load_old_trainer(rev: str):  # type: ignore[no-untyped-def]
         src = subprocess.run(["git", "-C", str(REPO), "show", f"{rev}:pydflash/train/{name}.py"], check=True,
                              capture_output=True, text=True).stdout
         src = (src.replace("from ..", "from pydflash.").replace("from .features", "from pydflash.train.features")
+               .replace("from pydflash.draft_vocab", "from pydflash.formats.draft_vocab")
                .replace("from .forward", "from oldtrain.forward").replace("from .loss", "from oldtrain.loss"))
         path = tmp / f"{name}.py"
         path.write_text(src)
@@ -88,7 +89,7 @@ def stdlib_coverage(target_path: str, sizes=(2048, 4096, 8192, 12288, 16384, 327
     import numpy as np
 
     from pydflash import Target
-    from pydflash.draft_vocab import TokenCounts, choose
+    from pydflash.formats.draft_vocab import TokenCounts, choose
 
     files = sorted(Path(sysconfig.get_paths()["stdlib"]).rglob("*.py"))
     files = [f for f in files if "test" not in f.parts and "site-packages" not in f.parts]
@@ -131,7 +132,7 @@ def main() -> int:
 
     import torch
 
-    from pydflash import models
+    from pydflash.fetch import registry as models
     from pydflash.reference.model import DFlashDrafter, TargetWeights
     from pydflash.train import trainer as new
     from pydflash.train.features import FeatureCache

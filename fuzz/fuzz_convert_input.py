@@ -1,5 +1,5 @@
 """Fuzz the converter's inputs: a checkpoint's ``config.json`` and ``model.safetensors`` header,
-and the target GGUF header it reads the tokenizer from (``pydflash.convert``).
+and the target GGUF header it reads the tokenizer from (``pydflash.formats.convert``).
 
 An input is three length-prefixed parts: config.json bytes, the safetensors JSON header, and a
 target GGUF header (may be empty: the seed target is used). The harness writes them as a
@@ -36,10 +36,10 @@ import tiny_models  # noqa: E402
 from outcomes import note  # noqa: E402
 
 with atheris.instrument_imports():
-    import pydflash.convert
-    import pydflash.gguf_layout
+    import pydflash.formats.convert
+    import pydflash.formats.gguf_layout
     import pydflash.reference.config
-    from pydflash.convert import convert
+    from pydflash.formats.convert import convert
 
 SEEDS = Path(os.environ.get("PYDFLASH_FUZZ_SEEDS", Path(tempfile.gettempdir()) / "pydflash-fuzz-seeds"))
 WORK = Path(os.environ.get("PYDFLASH_FUZZ_WORK", "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()))

@@ -3,7 +3,7 @@
 The target has only what the drafter loader reads (arch, hidden size, layer count, tokenizer
 list, token embedding, head), 4 layers x 64 wide with 96 tokens, so one load takes about a
 millisecond. The drafters are ``tests/fixtures_tiny.tiny_config`` checkpoints converted with
-``pydflash.convert`` in several storage types, exactly as a user would make them.
+``pydflash.formats.convert`` in several storage types, exactly as a user would make them.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def build(directory: Path) -> tuple[Path, list[Path], list[Path]]:
     import torch
 
     from fixtures_tiny import tiny_config, write_checkpoint
-    from pydflash.convert import convert
+    from pydflash.formats.convert import convert
 
     directory.mkdir(parents=True, exist_ok=True)
     target = directory / "tiny-target.gguf"

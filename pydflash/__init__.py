@@ -5,7 +5,7 @@ package holds the bindings, the high-level API and the tools.
 
 ``import pydflash`` loads nothing native: the errors and ``__version__`` are plain Python, and
 ``Engine``, ``Target``, ``Drafter`` and the other native-backed names (and every submodule) are
-imported on first attribute access. So the converter (``pydflash.convert``, also run as
+imported on first attribute access. So the converter (``pydflash.formats.convert``, also run as
 ``convert_hf_to_gguf_dflash.py`` from a checkout) needs only numpy and gguf. Using a native name
 without a built extension raises :class:`NativeExtensionError`, which says how to build it.
 """
@@ -49,27 +49,27 @@ class NativeExtensionError(PydflashError, ImportError):
 
 # native-backed public names -> the submodule that defines them (imported on first access)
 _LAZY = {
-    "Drafter": "drafter",
-    "DrafterInfo": "drafter",
-    "Engine": "engine",
-    "Result": "generation",
-    "SamplingOptions": "generation",
-    "Scheduler": "scheduler",
-    "Stats": "generation",
-    "Target": "target",
-    "TargetInfo": "target",
+    "Drafter": "runtime.drafter",
+    "DrafterInfo": "runtime.drafter",
+    "Engine": "runtime.engine",
+    "Result": "runtime.generation",
+    "SamplingOptions": "runtime.generation",
+    "Scheduler": "runtime.scheduler",
+    "Stats": "runtime.generation",
+    "Target": "runtime.target",
+    "TargetInfo": "runtime.target",
 }
 
 if TYPE_CHECKING:  # static checkers and IDEs see the names as before
-    from .drafter import Drafter, DrafterInfo
-    from .engine import Engine
-    from .generation import Result, SamplingOptions, Stats
-    from .scheduler import Scheduler
-    from .target import Target, TargetInfo
+    from .runtime.drafter import Drafter, DrafterInfo
+    from .runtime.engine import Engine
+    from .runtime.generation import Result, SamplingOptions, Stats
+    from .runtime.scheduler import Scheduler
+    from .runtime.target import Target, TargetInfo
 
 
 def __getattr__(name: str) -> Any:
-    """PEP 562: the native-backed names, then submodules (``pydflash.engine``, ...), on first use."""
+    """PEP 562: the native-backed names, then submodules (``pydflash.runtime.engine``, ...), on first use."""
     from importlib import import_module
 
     module = _LAZY.get(name)

@@ -11,7 +11,9 @@ import os
 import sys
 from typing import Sequence
 
-from . import devices, errors, hub
+from .runtime import devices
+from . import errors
+from .fetch import hub
 
 
 def _add_sampling(p: argparse.ArgumentParser) -> None:
@@ -58,7 +60,7 @@ def _add_target(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from .engine import Engine
+    from .runtime.engine import Engine
 
     import warnings
 
@@ -113,7 +115,7 @@ def cmd_devices(args: argparse.Namespace) -> int:
 
 
 def cmd_models(args: argparse.Namespace) -> int:
-    from . import models
+    from .fetch import registry as models
 
     if args.models_cmd == "pull":
         return models.cli_pull(args)
@@ -121,7 +123,7 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 
 def cmd_convert(args: argparse.Namespace, rest: Sequence[str]) -> int:
-    from . import convert
+    from .formats import convert
 
     return convert.main(list(rest))
 
@@ -142,7 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
     dev.add_argument("--rpc", default=None, help="comma-separated ggml RPC servers host:port to add first")
     dev.set_defaults(func=cmd_devices)
 
-    from . import bench, profiler
+    from .tools import bench, profiler
 
     ben = sub.add_parser("bench", help="plain vs speculative (ours and upstream llama-server), one interleaved run")
     bench.add_arguments(ben)
@@ -184,7 +186,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
                 return pipeline.main(argv[1:])
             if argv[0] == "draft-vocab":
-                from . import draft_vocab
+                from .formats import draft_vocab
 
                 return draft_vocab.main(argv[1:])
             if argv[0] == "serve":
@@ -192,7 +194,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
                 return server.main(argv[1:])
             if argv[0] == "quantize":
-                from . import quantize
+                from .formats import quantize
 
                 return quantize.main(argv[1:])
             return cmd_convert(argparse.Namespace(), argv[1:])

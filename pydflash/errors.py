@@ -55,7 +55,7 @@ class ClosedError(PydflashError, ValueError):
 
 
 class HubError(PydflashError):
-    """A model could not be fetched from the Hugging Face Hub (``pydflash.hub``)."""
+    """A model could not be fetched from the Hugging Face Hub (``pydflash.fetch.hub``)."""
 
 
 class HubNotInstalledError(HubError, ImportError):

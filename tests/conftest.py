@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pydflash import models
+from pydflash.fetch import registry as models
 
 
 @pytest.fixture(scope="session")
@@ -46,7 +46,7 @@ KERNELS = ["stock", "default"]
 def kernels_env(on: bool | None):
     """Models loaded inside use pydflash's multi-row CPU kernels (on), ggml's own (off) or the
     default (None: PYDFLASH_KERNELS unset, the kernels wherever the CPU has a SIMD path)."""
-    from pydflash import kernels
+    from pydflash.runtime import kernels
 
     old = os.environ.get("PYDFLASH_KERNELS")
     if on is None:

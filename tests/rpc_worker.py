@@ -16,7 +16,7 @@ import sys
 import numpy as np
 
 from pydflash import Drafter, Engine
-from pydflash import devices
+from pydflash.runtime import devices
 
 
 def drafter_job(job: dict, device: str) -> dict[str, np.ndarray]:

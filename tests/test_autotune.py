@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from pydflash import Engine
-from pydflash.autotune import AcceptanceModel, AutoTuner, CostModel, expected_tokens, nondecreasing
-from pydflash.convert import convert
+from pydflash.tools.autotune import AcceptanceModel, AutoTuner, CostModel, expected_tokens, nondecreasing
+from pydflash.formats.convert import convert
 from fixtures_tiny import smollm2_drafter_config, write_checkpoint
 
 

@@ -17,8 +17,8 @@ import torch
 
 import pydflash
 from pydflash import Drafter, Engine, Target
-from pydflash._bindings import ffi, lib
-from pydflash.convert import convert
+from pydflash.runtime._bindings import ffi, lib
+from pydflash.formats.convert import convert
 
 import gguf_edit
 from fixtures_tiny import smollm2_drafter_config, write_checkpoint

@@ -12,9 +12,9 @@ import statistics
 
 import pytest
 
-from pydflash import prompts
+from pydflash.fetch import prompt_sets as prompts
 from pydflash.cli import main as cli
-from pydflash.convert import convert
+from pydflash.formats.convert import convert
 from fixtures_tiny import smollm2_drafter_config, write_checkpoint
 
 

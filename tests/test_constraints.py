@@ -19,8 +19,8 @@ import pytest
 
 import pydflash
 from pydflash import Engine, SamplingOptions, Target
-from pydflash._upstream import UpstreamServer, post_json
-from pydflash.chat import ChatTemplates, json_schema_to_grammar
+from pydflash.tools.upstream_server import UpstreamServer, post_json
+from pydflash.runtime.chat import ChatTemplates, json_schema_to_grammar
 
 from conftest import EMBED_COSINE, KERNELS, LOGPROB_TOL, assert_tie_aware, kernels_env, reference_logits
 from test_speculative_loop import _tie_aware_equal

@@ -1,7 +1,7 @@
 """HF DFlash / DFlash2 -> GGUF: layout, round trips, tokenizer copy and validation.
 
 Expected names, shapes, types and keys are written out literally here (from the spec's
-section 3 tables), not taken from ``pydflash.gguf_layout``, so a wrong table fails.
+section 3 tables), not taken from ``pydflash.formats.gguf_layout``, so a wrong table fails.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from pydflash._upstream import free_port, post_json, wait_healthy
+from pydflash.tools.upstream_server import free_port, post_json, wait_healthy
 from fixtures_tiny import (
     REFERENCE_CONFIG,
     REFERENCE_HEADER,
@@ -26,8 +26,8 @@ from gguf import GGMLQuantizationType as QT
 from gguf import GGUFReader, GGUFValueType
 from gguf.quants import dequantize
 
-from pydflash import gguf_layout
-from pydflash.convert import convert, main, read_gguf_header, read_gguf_tensor
+from pydflash.formats import gguf_layout
+from pydflash.formats.convert import convert, main, read_gguf_header, read_gguf_tensor
 from pydflash.reference.config import DFlashConfig
 
 LAYER_TENSORS = ["attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight",
@@ -251,7 +251,7 @@ def test_dflash_v1_roundtrip_and_name_variants(tmp_path: Path, tiny_target) -> N
 
 
 def test_smollm2_target_gguf(tmp_path: Path) -> None:
-    from pydflash import models
+    from pydflash.fetch import registry as models
 
     target_path = models.path("smollm2-135m")
     cfg = smollm2_drafter_config()
@@ -276,7 +276,8 @@ def test_smollm2_target_gguf(tmp_path: Path) -> None:
 
 def test_converted_drafter_runs_in_pinned_llama_server(tmp_path: Path) -> None:
     """End to end: the pinned llama-server loads the GGUF as DFlash2 next to SmolLM2 and drafts with it."""
-    from pydflash import _tools, models
+    from pydflash.tools import upstream_binaries as _tools
+    from pydflash.fetch import registry as models
 
     server = _tools.tool_path("llama-server")
     target = models.path("smollm2-135m")
@@ -378,7 +379,7 @@ def test_target_mismatch_is_rejected(tmp_path: Path, case: str) -> None:
 
 
 def test_hidden_mismatch_against_target_gguf(tmp_path: Path) -> None:
-    from pydflash import models
+    from pydflash.fetch import registry as models
 
     write_checkpoint(tmp_path / "draft", tiny_config("dflash2", mask_token_id=5), seed=0)
     with pytest.raises(ValueError) as err:

@@ -175,7 +175,7 @@ def _run_script(s: dict, args: list[str], out: Path, *, flags: tuple[str, ...] =
     got = json.loads(report.read_text())
     assert got["pydflash"] == str(s["tree"] / "pydflash" / "__init__.py"), got  # the copy, not the install
     assert got["tried"] == [], f"the converter tried to import {got['tried']}"
-    assert "pydflash._bindings" not in got["modules"] and "pydflash._native" not in got["modules"]
+    assert "pydflash.runtime._bindings" not in got["modules"] and "pydflash._native" not in got["modules"]
     return got
 
 

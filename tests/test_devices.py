@@ -27,9 +27,10 @@ import pytest
 import torch
 
 import pydflash
-from pydflash import Drafter, Engine, devices
-from pydflash._tools import tool_path
-from pydflash._upstream import free_port
+from pydflash import Drafter, Engine
+from pydflash.runtime import devices
+from pydflash.tools.upstream_binaries import tool_path
+from pydflash.tools.upstream_server import free_port
 from pydflash.cli import main as cli_main
 
 from test_drafter_native import BLOCK, VOCAB, _build, nmse, random_context, reference_block

@@ -19,8 +19,8 @@ import torch
 
 import pydflash
 from pydflash import Drafter, Engine
-from pydflash.convert import read_gguf_header
-from pydflash.draft_vocab import TokenCounts, calibrate, choose, coverage, write_reduced_drafter
+from pydflash.formats.convert import read_gguf_header
+from pydflash.formats.draft_vocab import TokenCounts, calibrate, choose, coverage, write_reduced_drafter
 from pydflash.reference import TargetWeights
 
 from conftest import KERNELS, kernels_for
@@ -89,7 +89,7 @@ def test_d2t_round_trip(drafters, smollm2_path):
 @pytest.mark.parametrize("kind", ["dflash2", "dflash"])
 def test_upstream_libllama_loads_the_reduced_drafter(kind, drafters):
     """The pinned llama.cpp's own dflash loader accepts the layout (d2t I64 [N], output.weight [H, N])."""
-    from pydflash.model_summary import summarize
+    from pydflash.formats.inspect_gguf import summarize
 
     full, reduced, _, _ = drafters[kind]
     a, b = summarize(full), summarize(reduced)

@@ -23,8 +23,8 @@ import torch
 
 import pydflash
 from pydflash import Drafter
-from pydflash.convert import convert
-from pydflash.quantize import quantize
+from pydflash.formats.convert import convert
+from pydflash.formats.quantize import quantize
 from pydflash.reference import DFlashDrafter, TargetWeights
 
 from conftest import KERNELS, kernels_for
@@ -267,8 +267,8 @@ def test_sampled_walk_q_matches_reference_lattice(dflash2, smollm2_path, smol_ta
 def dequantized_reference(gguf_path: Path, config) -> DFlashDrafter:
     """The float64 reference holding exactly the weights a (quantized) GGUF stores: every tensor
     read back and dequantized with gguf-py, mapped to its HF name by the converter's layout."""
-    from pydflash.convert import read_gguf_header, read_gguf_tensor
-    from pydflash.gguf_layout import expected_tensors
+    from pydflash.formats.convert import read_gguf_header, read_gguf_tensor
+    from pydflash.formats.gguf_layout import expected_tensors
     from pydflash.reference.config import normalize_hf_name
 
     header = read_gguf_header(gguf_path)
@@ -446,7 +446,7 @@ def _copy_gguf(src: Path, dst: Path, extra: dict[str, np.ndarray]) -> None:
     """Rewrite a GGUF with every key and F32 tensor of ``src`` plus ``extra`` tensors."""
     import gguf as gg
 
-    from pydflash.convert import read_gguf_header
+    from pydflash.formats.convert import read_gguf_header
 
     header = read_gguf_header(src)
     reader = gg.GGUFReader(str(src))

@@ -11,7 +11,7 @@ import pytest
 
 import pydflash
 from pydflash import Engine
-from pydflash.convert import convert
+from pydflash.formats.convert import convert
 from fixtures_tiny import smollm2_drafter_config, write_checkpoint
 from test_speculative_loop import CHI2_CRIT_001, _chi2, _tie_aware_equal
 

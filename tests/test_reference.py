@@ -25,7 +25,7 @@ from fixtures_tiny import (
     write_checkpoint,
 )
 
-from pydflash.convert import read_gguf_header
+from pydflash.formats.convert import read_gguf_header
 from pydflash.reference import DFlashConfig, DFlashDrafter, TargetWeights
 from pydflash.reference.model import grouped_dynamic_causal_conv, parameter_names
 from pydflash.reference.selector import (
@@ -519,7 +519,7 @@ def test_from_pretrained_roundtrip(tmp_path) -> None:  # noqa: ANN001
 def test_target_weights_from_smollm2_gguf() -> None:
     import gguf
 
-    from pydflash import models
+    from pydflash.fetch import registry as models
 
     path = models.path("smollm2-135m")
     target = TargetWeights.from_gguf(path, dtype=torch.float32)

@@ -10,7 +10,7 @@ import pytest
 
 import pydflash
 from pydflash import Engine, SamplingOptions
-from pydflash.scheduler import Scheduler
+from pydflash.runtime.scheduler import Scheduler
 from test_speculative_loop import CHI2_CRIT_001, _chi2, _tie_aware_equal, exact_second_token_distribution
 
 SHIPPED = "auto"  # the drafter shipped for SmolLM2

@@ -32,11 +32,11 @@ import numpy as np
 import openai
 import pytest
 from fixtures_tiny import smollm2_drafter_config, write_checkpoint
-from pydflash._upstream import free_port, wait_healthy
+from pydflash.tools.upstream_server import free_port, wait_healthy
 
 from pydflash import Engine, Result, Target
-from pydflash._tools import tool_path
-from pydflash.convert import convert
+from pydflash.tools.upstream_binaries import tool_path
+from pydflash.formats.convert import convert
 
 N_SLOTS = 8
 N_CTX_SLOT = 512
@@ -844,7 +844,7 @@ def _upstream(target_path, extra: list[str], tmp: Path, prompts: list[str]) -> l
 def test_upstream_llama_server_with_our_drafter(target_path, drafter_path, tmp_path):
     """The shipped llama-server drafts with our converted drafter, as converted (F16) and after
     our Q4_K_M quantizer; its greedy output equals its own output without a drafter."""
-    from pydflash.quantize import quantize
+    from pydflash.formats.quantize import quantize
 
     prompts = PROMPTS[:2]
     without = _upstream(target_path, [], tmp_path, prompts)

@@ -28,10 +28,10 @@ from pathlib import Path
 
 import pytest
 from conftest import kernels_subprocess_env
-from pydflash._upstream import free_port, wait_healthy
+from pydflash.tools.upstream_server import free_port, wait_healthy
 from test_server import _assert_same_greedy, _stop
 
-from pydflash._tools import tool_path
+from pydflash.tools.upstream_binaries import tool_path
 
 N_CTX = 2048
 COMMON_ARGS = ["-np", "2", "-c", str(N_CTX), "-t", "2", "--seed", "42", "--n-predict", "16", "-b", "64"]

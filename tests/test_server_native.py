@@ -30,10 +30,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import EMBED_COSINE, KERNELS, LOGPROB_TOL, assert_tie_aware, kernels_subprocess_env
-from pydflash._upstream import free_port, wait_healthy
+from pydflash.tools.upstream_server import free_port, wait_healthy
 from test_server import _stop
 
-from pydflash._tools import tool_path
+from pydflash.tools.upstream_binaries import tool_path
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED_DRAFTER = ROOT / "pydflash" / "drafters" / "smollm2-135m-instruct-dflash2.gguf"
@@ -133,7 +133,7 @@ def test_apply_template_same_refusals(servers, body):
 
 def test_chat_template_file(smollm2_path, tmp_path):
     """A template file from the pinned tree, rendered by both (llama.cpp's Jinja engine)."""
-    from pydflash._upstream import UpstreamServer
+    from pydflash.tools.upstream_server import UpstreamServer
 
     tree = ROOT / ".cache" / "llama-cpp-python-0.3.36" / "vendor" / "llama.cpp" / "models" / "templates"
     template = tree / "Qwen-Qwen2.5-7B-Instruct.jinja"
@@ -332,7 +332,7 @@ def test_slot_save_restore(servers):
 
 
 def test_infill_same_prompt(qwen05_path, tmp_path):
-    from pydflash._upstream import UpstreamServer
+    from pydflash.tools.upstream_server import UpstreamServer
 
     args = ["-m", str(qwen05_path), "-np", "1", "-c", "1024", "-t", "2", "--temp", "0"]
     body = {"input_prefix": "def add(a, b):\n    ", "input_suffix": "\n\nprint(add(1, 2))\n", "prompt": "",

@@ -13,7 +13,7 @@ import warnings
 import pytest
 
 from pydflash import Engine, Target, drafters
-from pydflash.convert import read_gguf_header
+from pydflash.formats.convert import read_gguf_header
 
 SMOL = drafters.SHIPPED[0]
 PROMPT = "def is_prime(n):\n    \"\"\"Return True if n is prime.\"\"\"\n"

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from pydflash import Target, errors
-from pydflash.generation import SamplingOptions
-from pydflash.scheduler import Scheduler
+from pydflash.runtime.generation import SamplingOptions
+from pydflash.runtime.scheduler import Scheduler
 from pydflash.train.features import Continuation, capture_continuations
 from pydflash.train.pipeline import capture
 from pydflash.train.prompts import TrainPrompt

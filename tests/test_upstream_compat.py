@@ -10,10 +10,10 @@ import pytest
 from gguf import GGUFReader, GGMLQuantizationType
 
 import pydflash
-from pydflash import quantize
-from pydflash._tools import tool_path
-from pydflash.convert import convert
-from pydflash.model_summary import summarize
+from pydflash.formats import quantize
+from pydflash.tools.upstream_binaries import tool_path
+from pydflash.formats.convert import convert
+from pydflash.formats.inspect_gguf import summarize
 from fixtures_tiny import smollm2_drafter_config, write_checkpoint
 
 

@@ -51,7 +51,7 @@ def make_drafter(target_path: Path, out: Path, n_layers: int, quant: str, thread
     from fixtures_tiny import write_checkpoint  # noqa: E402
 
     from pydflash import Target
-    from pydflash.convert import convert
+    from pydflash.formats.convert import convert
     from pydflash.reference.config import DFlashConfig
 
     import gguf
@@ -77,7 +77,7 @@ def make_drafter(target_path: Path, out: Path, n_layers: int, quant: str, thread
         if quant.upper() == "F16":
             os.replace(f16, out)
         else:
-            from pydflash.quantize import quantize
+            from pydflash.formats.quantize import quantize
 
             quantize(f16, out, quant.upper(), n_threads=threads, progress=False)
     return out
@@ -107,7 +107,8 @@ def main() -> None:
     if not args.target.is_file():
         ap.error(f"--target {args.target} does not exist")
 
-    from pydflash import Drafter, Engine, Target, devices
+    from pydflash import Drafter, Engine, Target
+    from pydflash.runtime import devices
 
     names = [d.name for d in devices.devices()]
     if args.device not in names:

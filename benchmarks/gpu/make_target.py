@@ -158,7 +158,7 @@ def main() -> None:
     print(f"make_target: {args.shape} ({s.n_layer} layers) F16 written in {t1 - t0:.1f} s "
           f"({f16.stat().st_size / 2**30:.2f} GiB)", flush=True)
     if f16 != args.out:
-        from pydflash.quantize import quantize
+        from pydflash.formats.quantize import quantize
 
         try:
             quantize(f16, args.out, args.type.upper(), n_threads=args.threads, progress=False)

@@ -34,7 +34,7 @@ def tiny_drafter(target: Path, out_dir: Path) -> Path:
     import torch
     from fixtures_tiny import smollm2_drafter_config, write_checkpoint
 
-    from pydflash.convert import convert
+    from pydflash.formats.convert import convert
 
     ckpt = out_dir / "ckpt"
     write_checkpoint(ckpt, smollm2_drafter_config(num_hidden_layers=2, block_size=8), seed=0, dtype=torch.float32)
@@ -55,7 +55,7 @@ def main() -> None:
     os.environ["GGML_SCHED_DEBUG"] = "2"
     import pydflash
     from pydflash import Drafter
-    from pydflash._bindings import lib
+    from pydflash.runtime._bindings import lib
 
     with tempfile.TemporaryDirectory() as tmp:
         drafter = args.drafter or tiny_drafter(args.target, Path(tmp))

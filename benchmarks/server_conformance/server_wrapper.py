@@ -90,7 +90,7 @@ def main(argv: list[str]) -> None:
         rest += ["--pooling", "mean"]  # SmolLM2 is a decoder without a pooling type of its own
 
     if target == "llama":
-        from pydflash._tools import tool_path
+        from pydflash.tools.upstream_binaries import tool_path
         exe = str(tool_path("llama-server"))
         cmd = [exe, "-m", str(model), *rest]
     elif target == "pydflash":

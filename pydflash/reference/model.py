@@ -240,7 +240,7 @@ class TargetWeights:
     @classmethod
     def from_gguf(cls, path: str | PathLike[str], dtype: torch.dtype = torch.float32) -> TargetWeights:
         """Dequantize ``token_embd.weight`` and ``output.weight`` (tied if absent) from a target GGUF."""
-        from ..convert import read_gguf_header, read_gguf_tensor  # numpy + gguf only
+        from ..formats.convert import read_gguf_header, read_gguf_tensor  # numpy + gguf only
 
         header = read_gguf_header(path)
         if "token_embd.weight" not in header.tensors:

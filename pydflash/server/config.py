@@ -6,7 +6,8 @@ import argparse
 import os
 from dataclasses import dataclass
 
-from .. import devices, hub
+from ..runtime import devices
+from ..fetch import hub
 from ..cli import n_max_arg
 
 __all__ = ["ServerConfig", "build_parser", "config_from_args", "n_ctx_train"]
@@ -231,8 +232,8 @@ def _template_kwargs(text: str | None) -> dict | None:
 
 def n_ctx_train(model: str) -> int:
     """The training context of a target GGUF (what ``-c 0`` means), 4096 when it does not say."""
-    from .. import models
-    from ..convert import read_gguf_header
+    from ..fetch import registry as models
+    from ..formats.convert import read_gguf_header
 
     try:
         kv = read_gguf_header(models.resolve(model)).kv

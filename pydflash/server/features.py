@@ -1,6 +1,6 @@
 """Request features that need the model: constraints (grammar, JSON schema, logit bias), token
 probabilities, fill-in-the-middle prompts and embeddings - parsed and formatted as llama-server
-does. The work itself is native (``pydflash.chat``, ``SamplingOptions``, ``Target.embed``).
+does. The work itself is native (``pydflash.runtime.chat``, ``SamplingOptions``, ``Target.embed``).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .. import errors
-from ..chat import json_schema_to_grammar
+from ..runtime.chat import json_schema_to_grammar
 from .requests import APIError, Constraints, client_input
 
 __all__ = ["constraint_options", "parse_constraints", "probs_json", "oai_logprobs", "infill_tokens", "check_infill",

@@ -39,11 +39,11 @@ import traceback
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from .. import devices
-from ..generation import SamplingOptions
-from ..scheduler import SlotInfo
+from ..runtime import devices
+from ..runtime.generation import SamplingOptions
+from ..runtime.scheduler import SlotInfo
 from .config import ServerConfig, n_ctx_train
-from ..chat import json_schema_to_grammar
+from ..runtime.chat import json_schema_to_grammar
 from .features import constraint_options
 from .metrics import Metrics
 from .requests import APIError, Job, Piece, Progress, Speculative, from_engine_error
@@ -208,7 +208,7 @@ class StepLoop:
             return True
 
     def _load(self, warmup: bool | None = None) -> None:
-        from ..engine import Engine
+        from ..runtime.engine import Engine
 
         c = self.config
         n_ctx_total = c.n_ctx_total or n_ctx_train(c.model)
@@ -236,7 +236,7 @@ class StepLoop:
 
     def _chat_templates(self, target):  # type: ignore[no-untyped-def]
         """llama-server's --jinja / --chat-template(-file) / --reasoning* / --chat-template-kwargs."""
-        from ..chat import ChatTemplates
+        from ..runtime.chat import ChatTemplates
 
         c = self.config
         template = c.chat_template

@@ -138,7 +138,7 @@ class Piece(NamedTuple):
 
     text: str
     tokens: tuple[int, ...] = ()
-    probs: tuple = ()  # pydflash.generation.TokenProbs of those tokens (n_probs)
+    probs: tuple = ()  # pydflash.runtime.generation.TokenProbs of those tokens (n_probs)
     timings: dict | None = None  # the timings so far, with ``timings_per_token``
 
 

@@ -28,7 +28,7 @@ def tokenize_mixed(target: Any, pieces: Sequence[str | int], *, add_special: boo
 
 def token_bytes(target: Any, tokens: Sequence[int]) -> bytes:
     """The raw UTF-8 bytes of the tokens' pieces, special tokens rendered (no lossy decoding)."""
-    from .._bindings import ffi, lib
+    from ..runtime._bindings import ffi, lib
 
     n = len(tokens)
     if n == 0:
@@ -48,7 +48,7 @@ def token_bytes(target: Any, tokens: Sequence[int]) -> bytes:
                 size = n_out[0] + 1
                 continue
             if status != lib.DFLASH_OK:
-                from .._bindings import check
+                from ..runtime._bindings import check
                 check(status)
             return ffi.unpack(buf, n_out[0])
     raise RuntimeError("detokenize buffer kept growing")

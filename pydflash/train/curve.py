@@ -21,7 +21,7 @@ __all__ = ["heldout_tau", "append_point", "load_points", "render"]
 def heldout_tau(target: str, drafter: str, *, prompts: Sequence | None = None, max_tokens: int = 128,
                 n_max: int = 7, threads: int | None = None, parallel: int = 16) -> dict:  # type: ignore[type-arg]
     """tau (committed tokens per target verification) and accepted drafts per position, greedy."""
-    from ..engine import Engine
+    from ..runtime.engine import Engine
     from .prompts import held_out_humaneval
 
     prompts = list(prompts) if prompts is not None else held_out_humaneval()

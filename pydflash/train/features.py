@@ -85,8 +85,8 @@ def capture_continuations(target, jobs: Iterable[Continuation], tap_layers: Sequ
     a finished one is replaced at once), so each step decodes many rows through the multi-row
     kernels. Yields each sequence as it finishes (not in job order).
     """
-    from ..generation import SamplingOptions
-    from ..scheduler import Scheduler
+    from ..runtime.generation import SamplingOptions
+    from ..runtime.scheduler import Scheduler
 
     sched = Scheduler(target, None, n_max=0)
     try:

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..convert import read_gguf_header, read_gguf_tensor
+from ..formats.convert import read_gguf_header, read_gguf_tensor
 from ..reference.config import DFlashConfig
 from ..reference.model import DFlashDrafter
 

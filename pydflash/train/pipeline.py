@@ -70,7 +70,7 @@ def capture(target_path: str, prompts, cache_dir: str | os.PathLike, taps: Seque
     Prompts are taken in a fixed pseudo-random order (by id), so any prefix of the capture mixes
     every source; past ``max_minutes`` no new sequence starts (the running ones finish).
     """
-    from ..target import Target
+    from ..runtime.target import Target
     from .features import Continuation, FeatureCache, capture_continuations
 
     cache = FeatureCache(cache_dir, tap_layers=taps, target_name=Path(target_path).name)
@@ -127,8 +127,8 @@ def export(model, out_dir: str | os.PathLike, target_gguf: str, *, name: str,  #
     import torch
     from safetensors.torch import save_file
 
-    from ..convert import convert
-    from ..quantize import quantize
+    from ..formats.convert import convert
+    from ..formats.quantize import quantize
 
     out_dir = Path(out_dir)
     hf = out_dir / "hf" / name
@@ -192,7 +192,7 @@ def load_portable(trainer, path: str | os.PathLike) -> int:  # type: ignore[no-u
 
 def _eog_ids(target_path: str) -> list[int]:
     """The target's end-of-generation token ids (always in the draft vocabulary)."""
-    from ..target import Target
+    from ..runtime.target import Target
 
     with Target(target_path, n_ctx=64, n_threads=1) as target:
         return [t for t in range(target.info.n_vocab) if target.is_eog(t)]
@@ -259,7 +259,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ImportError:
         print("pydflash train needs torch: pip install 'pydflash[train]'", file=sys.stderr)
         return 1
-    from .. import models
+    from ..fetch import registry as models
     from ..reference.model import DFlashDrafter, TargetWeights
     from . import prompts as train_prompts
     from .features import FeatureCache

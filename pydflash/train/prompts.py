@@ -173,7 +173,7 @@ def load(spec: str, *, limit: int | None = None) -> list[TrainPrompt]:
             got = _jsonl(Path(part))
         else:
             try:
-                from .. import prompts as shared  # the project's loaders (humaneval, gsm_symbolic, jsonl)
+                from ..fetch import prompt_sets as shared  # the project's loaders (humaneval, gsm_symbolic, jsonl)
             except ImportError:  # pragma: no cover - older checkouts
                 raise ValueError(f"unknown prompt source {part!r}: use stdlib or a .jsonl file") from None
             got = [TrainPrompt(p.id, text=p.text, messages=tuple(p.messages)) for p in shared.load(part)]
@@ -184,6 +184,6 @@ def load(spec: str, *, limit: int | None = None) -> list[TrainPrompt]:
 
 def held_out_humaneval() -> list[TrainPrompt]:
     """The held-out HumanEval prompts (for tau measurements only)."""
-    from .. import prompts as shared
+    from ..fetch import prompt_sets as shared
 
     return [TrainPrompt(p.id, text=p.text) for p in shared.load("humaneval") if p.id in HELD_OUT_HUMANEVAL]

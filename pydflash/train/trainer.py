@@ -129,7 +129,7 @@ def choose_draft_vocab(seqs: list[CapturedSequence], n_vocab: int, n: int, *, al
     prompt-token frequency, then by id (``pydflash.draft_vocab.choose``). Returns the ids and a
     report: the share of training labels each vocabulary size covers, and of ``held_out`` labels
     the chosen vocabulary covers (an out-of-sample estimate of what the drafter can draft)."""
-    from ..draft_vocab import TokenCounts, choose, coverage
+    from ..formats.draft_vocab import TokenCounts, choose, coverage
 
     def count(group: list[CapturedSequence]) -> tuple[np.ndarray, np.ndarray]:
         out = np.zeros(n_vocab, dtype=np.int64)
@@ -160,7 +160,7 @@ def export_draft_vocab(files: Sequence[str | os.PathLike], target_gguf: str | os
     """Rewrite each exported full-vocabulary drafter GGUF in place as its reduced-vocabulary form
     (``d2t`` = ``ids``, own ``output.weight`` = those rows of the target's head:
     ``pydflash.draft_vocab.write_reduced_drafter``), the vocabulary the drafter was trained with."""
-    from ..draft_vocab import write_reduced_drafter
+    from ..formats.draft_vocab import write_reduced_drafter
 
     extra: dict[str, float | str] = {"pydflash.draft_vocab.calibration": "training labels (pydflash train)"}
     cover = (report or {}).get("held_out_coverage")

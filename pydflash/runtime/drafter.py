@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import errors
+from .. import errors
 from ._handle import NativeObject
 from ._bindings import check, ffi, lib
 
@@ -67,7 +67,7 @@ class Drafter(NativeObject):
 
     Args:
         model: path to the drafter GGUF (``general.architecture = "dflash"``), or ``hf:ORG/NAME[:QUANT]``
-            (``pydflash.hub``: a GGUF repository's file, or a DFlash checkpoint converted for this target).
+            (``pydflash.fetch.hub``: a GGUF repository's file, or a DFlash checkpoint converted for this target).
         target: the target GGUF path, a ``pydflash models`` name, or a loaded ``pydflash.Target``.
         n_ctx: context rows the drafter cache holds.
         n_threads: CPU threads (None: all cores).
@@ -75,7 +75,7 @@ class Drafter(NativeObject):
         exact_head: compute the logits with F32 activations (the target's quantized head rows
             dequantized on the fly; slower). Default: ggml's quantized mat-mul, as llama.cpp,
             which rounds the activations to 8 bits (~1e-3 relative error per logit).
-        device: the ggml device to compute on (``pydflash.devices.devices()`` lists them: "CPU",
+        device: the ggml device to compute on (``pydflash.runtime.devices.devices()`` lists them: "CPU",
             "CUDA0", "Metal", "RPC0", ...). Ops the device cannot run fall back to the CPU.
     Raises:
         MismatchError: the drafter does not belong to the target (hidden size, vocabulary, layers).
@@ -95,7 +95,7 @@ class Drafter(NativeObject):
         device: str = "CPU",
     ) -> None:
         super().__init__()
-        from . import models
+        from ..fetch import registry as models
 
         if not isinstance(n_ctx, int) or n_ctx < 1:
             raise errors.InvalidArgumentError(f"n_ctx must be a positive int, got {n_ctx!r}")

@@ -2,9 +2,9 @@
 
 A target offloads layers with ``n_gpu_layers``; a drafter computes on one device, by name::
 
-    >>> [d.name for d in pydflash.devices.devices()]
+    >>> [d.name for d in pydflash.runtime.devices.devices()]
     ['CPU']
-    >>> pydflash.devices.add_rpc_server("10.0.0.2:50052")   # another machine's GPU, via ggml RPC
+    >>> pydflash.runtime.devices.add_rpc_server("10.0.0.2:50052")   # another machine's GPU, via ggml RPC
     [Device(name='RPC0', ...)]
 
 ``Engine(drafter_device="auto")`` puts the drafter where the target runs: on the first GPU when
@@ -19,7 +19,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
-from . import errors
+from .. import errors
 
 # the native bindings load on first use: building a CLI parser (add_arguments) needs none
 _KIND_NAMES = {"DFLASH_DEVICE_CPU": "cpu", "DFLASH_DEVICE_GPU": "gpu", "DFLASH_DEVICE_IGPU": "igpu",
@@ -78,7 +78,7 @@ def add_rpc_server(endpoint: str, *, timeout: float = 60.0) -> list[Device]:
     probe = ("import sys; sys.path.insert(0, sys.argv[2]); from pydflash._native import ffi, lib; "
              "s = lib.dflash_add_rpc_server(sys.argv[1].encode()); "
              "print(ffi.string(lib.dflash_last_error()).decode(), file=sys.stderr); sys.exit(s)")
-    package_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    package_parent = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # above pydflash/runtime/
     try:
         run = subprocess.run([sys.executable, "-c", probe, endpoint, package_parent], capture_output=True, text=True,
                              timeout=timeout)

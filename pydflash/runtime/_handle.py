@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from typing import Any, Callable
 
-from . import errors
+from .. import errors
 from ._bindings import ffi
 
 

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
-from . import errors
+from .. import errors
 
 __all__ = ["HubRef", "add_arguments", "apply_arguments", "checkpoint_dir", "convert_checkpoint", "drafter_file",
            "is_hub_ref", "model_file", "parse", "pick_gguf", "pick_sidecar", "sidecar_drafter"]
@@ -376,11 +376,11 @@ def _checkpoint(ref: HubRef, listing: _Listing, token: str | None) -> Path:
 
 def _draft_type(value: str) -> str:
     """An output type: the converter's (f16, bf16, f32, q8_0) or a quantizer type (Q4_K_M, ...)."""
-    from .gguf_layout import OutType
+    from ..formats.gguf_layout import OutType
 
     if value.lower() in {o.value for o in OutType}:
         return value.lower()
-    quant_types = ("Q4_K_M", "Q4_K_S", "Q5_K_M", "Q5_K_S", "Q6_K")  # the rest of pydflash.quantize.TYPES
+    quant_types = ("Q4_K_M", "Q4_K_S", "Q5_K_M", "Q5_K_S", "Q6_K")  # the rest of pydflash.formats.quantize.TYPES
     if value.upper() in quant_types:
         return value.upper()
     raise errors.InvalidArgumentError(
@@ -427,7 +427,7 @@ def _held_back(logger: logging.Logger) -> Iterator[list[str]]:
 
 def converted_path(repo_id: str, commit: str, target: str | os.PathLike[str], out_type: str) -> Path:
     """Where the drafter converted from ``repo_id`` at ``commit`` for ``target`` as ``out_type`` is cached."""
-    from . import models
+    from . import registry as models
 
     key = {"format": _CONVERT_FORMAT, "repo": repo_id, "commit": commit,
            "target": _target_identity(Path(target)), "type": out_type}
@@ -437,7 +437,7 @@ def converted_path(repo_id: str, commit: str, target: str | os.PathLike[str], ou
 
 def convert_checkpoint(checkpoint: Path, repo_id: str, target: str | os.PathLike[str], out_type: str = "f16") -> Path:
     """The checkpoint converted (and quantized) for ``target``, from the cache or made now, atomically."""
-    from . import convert
+    from ..formats import convert
 
     commit = _commit_of(checkpoint)
     final = converted_path(repo_id, commit, target, out_type)
@@ -445,7 +445,7 @@ def convert_checkpoint(checkpoint: Path, repo_id: str, target: str | os.PathLike
         log.info("drafter %s (%s, %s) for %s: cached %s", repo_id, commit[:12], out_type, Path(target).name, final)
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
-    from .models import _locked  # the file lock the model cache uses too
+    from .registry import _locked  # the file lock the model cache uses too
 
     with _locked(final.with_name(final.name + ".lock")):
         if final.is_file():  # another process converted it while we waited
@@ -468,7 +468,7 @@ def convert_checkpoint(checkpoint: Path, repo_id: str, target: str | os.PathLike
             for note in notes:  # the converter's warnings, for a drafter that does fit
                 log.warning("%s: %s", repo_id, note.replace(str(target), Path(target).name))
             if not direct:
-                from .quantize import quantize
+                from ..formats.quantize import quantize
 
                 quantize(converted, quantized, out_type)
                 os.replace(quantized, converted)
@@ -561,7 +561,7 @@ def apply_arguments(args: argparse.Namespace, *, announce: bool = True) -> None:
 
 
 def _apply(args: argparse.Namespace) -> None:
-    from . import models
+    from . import registry as models
 
     hf_repo = getattr(args, "hf_repo", None)
     hf_repo_draft = getattr(args, "hf_repo_draft", None)

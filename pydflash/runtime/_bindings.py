@@ -10,10 +10,10 @@ from __future__ import annotations
 import os
 from typing import Callable
 
-from . import NativeExtensionError, errors
+from .. import NativeExtensionError, errors
 
 _BUILD_HINT = ("build it with `pip install .` (or `pip install -e .` for a development checkout) in the "
-               "pydflash source tree; converting a checkpoint (pydflash.convert, "
+               "pydflash source tree; converting a checkpoint (pydflash.formats.convert, "
                "convert_hf_to_gguf_dflash.py) needs no native build")
 
 # Libraries a GPU build links that come with the GPU's driver, not with pydflash: rebuilding
@@ -33,16 +33,16 @@ def _gpu_driver_hint(message: str) -> str | None:
 
 
 try:
-    from ._native import ffi, lib
+    from .._native import ffi, lib
 except ImportError as exc:
-    _pkg_dir = os.path.dirname(os.path.abspath(__file__))
-    if isinstance(exc, ModuleNotFoundError) and exc.name == f"{__package__}._native":
+    _pkg_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # pydflash/, above runtime/
+    if isinstance(exc, ModuleNotFoundError) and exc.name == "pydflash._native":
         _msg = f"pydflash's native extension (pydflash._native) is not built in {_pkg_dir}: {_BUILD_HINT}"
     elif _gpu_driver_hint(str(exc)):  # a GPU build on a machine without that GPU's driver
         _msg = f"pydflash's native extension (pydflash._native) does not load ({exc}): {_gpu_driver_hint(str(exc))}"
     else:  # present but does not load (missing libdflash/libllama, cffi, wrong platform)
         _msg = f"pydflash's native extension (pydflash._native) does not load ({exc}): {_BUILD_HINT}"
-    raise NativeExtensionError(_msg, name=f"{__package__}._native") from exc
+    raise NativeExtensionError(_msg, name="pydflash._native") from exc
 
 ABI_VERSION = 6
 
@@ -50,7 +50,7 @@ if lib.dflash_abi_version() != ABI_VERSION:  # pragma: no cover - a broken insta
     raise NativeExtensionError(
         f"pydflash native library has ABI {lib.dflash_abi_version()}, the Python package expects "
         f"{ABI_VERSION}: rebuild it (`pip install .`, or `pip install -e .` in a checkout)",
-        name=f"{__package__}._native",
+        name="pydflash._native",
     )
 
 _STATUS_TO_ERROR: dict[int, type[errors.PydflashError]] = {

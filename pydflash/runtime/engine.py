@@ -1,7 +1,7 @@
 """``Engine``: a target plus an optional DFlash drafter, generating through the native scheduler.
 
 Every call - ``generate``, ``stream``, ``chat``, ``generate_batch`` - adds sequences to one
-``Scheduler`` (``pydflash.scheduler``) and steps it until they finish. With a drafter each step
+``Scheduler`` (``pydflash.runtime.scheduler``) and steps it until they finish. With a drafter each step
 drafts a block per sequence, verifies all of them in one target batch and keeps the longest
 prefix the target agrees with (exact rejection sampling at T > 0), so the output is the
 target's own; under ``n_max="auto"`` the scheduler picks the draft width every step from what
@@ -15,7 +15,8 @@ import os
 import time
 from typing import Callable, Iterator, Sequence
 
-from . import errors, generation, tuning_cache
+from .. import errors
+from . import generation, tuning_cache
 from .drafter import Drafter
 from .generation import Result, SamplingOptions
 from .scheduler import Scheduler, StepInfo
@@ -26,7 +27,7 @@ class Engine:
     """Speculative (or plain) generation on a GGUF target.
 
     Args:
-        target: target GGUF path, a ``pydflash models`` name or ``hf:ORG/NAME[:QUANT]`` (``pydflash.hub``).
+        target: target GGUF path, a ``pydflash models`` name or ``hf:ORG/NAME[:QUANT]`` (``pydflash.fetch.hub``).
         drafter: drafter GGUF path (a ``dflash`` file converted for this target), ``hf:ORG/NAME[:QUANT]``
             (a GGUF repository's file, or a DFlash checkpoint converted for this target and cached), ``"auto"`` (the
             drafter shipped in the package for this target; plain decoding with a warning if
@@ -42,7 +43,7 @@ class Engine:
         p_min: greedy drafts are cut before the first pick the drafter itself gives a probability
             below p_min (--spec-draft-p-min; 0 = off).
         n_seq_max: sequences the engine holds at once (generate_batch, the server's slots).
-        drafter_device: the ggml device the drafter computes on (``pydflash.devices``). ``"auto"``
+        drafter_device: the ggml device the drafter computes on (``pydflash.runtime.devices``). ``"auto"``
             (the default) follows the target: the first GPU when ``n_gpu_layers != 0``, else the
             CPU. None or ``"cpu"``: the CPU. Or a name such as ``"CUDA0"``.
 
@@ -76,7 +77,7 @@ class Engine:
         self._tuning_key: str | None = None
         self._saved_at = 0.0  # monotonic time of the last tuning save
         if isinstance(drafter, str) and drafter == "auto":  # the drafter shipped for this target, if any
-            from . import drafters
+            from .. import drafters
 
             drafter = drafters.resolve_auto(self.target)
         from .devices import resolve_drafter_device

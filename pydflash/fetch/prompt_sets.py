@@ -25,7 +25,7 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import models
+from . import registry as models
 
 __all__ = ["Prompt", "load", "SOURCES"]
 

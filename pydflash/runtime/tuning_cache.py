@@ -13,7 +13,7 @@ import os
 import platform
 from pathlib import Path
 
-from . import models
+from ..fetch import registry as models
 
 _VERSION = 2  # the scheduler's dflash_tuning layout
 

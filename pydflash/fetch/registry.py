@@ -326,7 +326,7 @@ def path(name: str) -> Path:
 
 def resolve(name_or_path: str | os.PathLike[str]) -> Path:
     """A GGUF path from an existing file path (returned as is), a registered model name (pulled) or a
-    Hugging Face reference ``hf:ORG/NAME[:QUANT]`` (fetched into the HF cache, see ``pydflash.hub``)."""
+    Hugging Face reference ``hf:ORG/NAME[:QUANT]`` (fetched into the HF cache, see ``pydflash.fetch.hub``)."""
     from . import hub
 
     if hub.is_hub_ref(name_or_path):
@@ -343,7 +343,7 @@ def resolve(name_or_path: str | os.PathLike[str]) -> Path:
 
 def resolve_drafter(name_or_path: str | os.PathLike[str], target: str | os.PathLike[str]) -> Path:
     """A drafter GGUF path: a file path as is, or ``hf:ORG/NAME[:QUANT]`` for ``target`` (a GGUF
-    repository's file, or a DFlash checkpoint converted for that target and cached; ``pydflash.hub``)."""
+    repository's file, or a DFlash checkpoint converted for that target and cached; ``pydflash.fetch.hub``)."""
     from . import hub
 
     if hub.is_hub_ref(name_or_path):

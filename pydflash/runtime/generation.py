@@ -13,7 +13,7 @@ from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
-from . import errors
+from .. import errors
 from ._bindings import TOKEN_CALLBACK, check, ffi, lib
 
 STOP_REASONS = {

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from ._bindings import check, ffi, lib
+from ..runtime._bindings import check, ffi, lib
 
 
 @dataclass(frozen=True)

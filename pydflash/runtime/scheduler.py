@@ -17,7 +17,8 @@ import os
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from . import errors, generation
+from .. import errors
+from . import generation
 from ._bindings import TOKEN_CALLBACK, check, ffi, lib
 from .generation import Result, SamplingOptions
 

@@ -22,8 +22,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from . import errors
-from ._bindings import check, ffi, lib
+from .. import errors
+from ..runtime._bindings import check, ffi, lib
 from tqdm.auto import tqdm
 
 TYPES = ("Q4_K_M", "Q4_K_S", "Q5_K_M", "Q5_K_S", "Q6_K", "Q8_0", "F16", "BF16")

@@ -6,7 +6,7 @@ on a shared machine hits all modes alike):
 - ``plain``: our target alone (the reference every speedup is relative to);
 - ``dflash-n<k>``: our engine with the DFlash drafter and a fixed n_max = k;
 - ``dflash[<file>]-n<k>``: the same with each ``--also-draft`` drafter (e.g. reduced vocabulary);
-- ``dflash-auto``: our engine choosing n_max itself (``pydflash.autotune``; 0 = speculation off);
+- ``dflash-auto``: our engine choosing n_max itself (``pydflash.tools.autotune``; 0 = speculation off);
 - ``upstream-plain``: the shipped llama-server on the same target;
 - ``upstream-dflash-n<k>``: the shipped llama-server, ``--spec-type draft-dflash`` with the same
   drafter file;
@@ -31,9 +31,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from . import __version__, devices, models, prompts
-from ._upstream import UpstreamServer, peak_rss_mib
-from .engine import Engine
+from .. import __version__
+from ..runtime import devices
+from ..fetch import registry as models, prompt_sets as prompts
+from .upstream_server import UpstreamServer, peak_rss_mib
+from ..runtime.engine import Engine
 
 __all__ = ["Sample", "run_bench", "main"]
 

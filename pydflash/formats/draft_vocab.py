@@ -67,7 +67,7 @@ class TokenCounts:
 
 def load_prompts(spec: str, *, limit: int | None = None) -> list:
     """Prompts of ``spec`` (``humaneval``, ``gsm_symbolic``, a ``.jsonl`` file, comma-joined)."""
-    from . import prompts as prompt_sets
+    from ..fetch import prompt_sets
 
     return list(prompt_sets.load(spec, limit=limit))
 
@@ -237,8 +237,8 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
-    from . import models
-    from .target import Target
+    from ..fetch import registry as models
+    from ..runtime.target import Target
 
     args = build_parser(prog).parse_args(argv)
     try:

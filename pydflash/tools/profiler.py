@@ -3,7 +3,7 @@
 Every prompt is generated with the longest draft (n_max = block_size - 1), which observes the
 acceptance of every draft position. Acceptance is reported per prompt, per category (the JSONL
 ``category`` field) and per position; combined with this machine's measured verify and draft costs
-(``pydflash.autotune``) it gives the expected speedup for each n_max and a verdict: the best n_max,
+(``pydflash.tools.autotune``) it gives the expected speedup for each n_max and a verdict: the best n_max,
 or plain decoding where no n_max pays.
 """
 
@@ -17,9 +17,11 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from . import autotune, devices, models, prompts
+from . import autotune
+from ..runtime import devices
+from ..fetch import registry as models, prompt_sets as prompts
 from .bench import pyplot, report_header
-from .engine import Engine
+from ..runtime.engine import Engine
 
 __all__ = ["profile", "main"]
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any, Mapping
 
-from . import errors
+from .. import errors
 from ._bindings import check, ffi, lib
 from ._handle import NativeObject
 

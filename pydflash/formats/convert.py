@@ -5,7 +5,7 @@ Usage::
     pydflash convert <draft_dir> --target-gguf target.gguf --outtype f16 -o draft.gguf
     pydflash convert <draft_dir> --target-model-dir <hf_target_dir> --outtype bf16 -o draft.gguf
 
-What the file holds (names and shapes: :mod:`pydflash.gguf_layout`):
+What the file holds (names and shapes: :mod:`pydflash.formats.gguf_layout`):
 
 * metadata, ``general.architecture = "dflash"``:
   ``dflash.block_count``, ``.context_length``, ``.embedding_length``, ``.feed_forward_length``,
@@ -66,7 +66,7 @@ from .gguf_layout import (
     plan_tensors,
     storage_type,
 )
-from .reference.config import DFlashConfig, normalize_hf_name
+from ..reference.config import DFlashConfig, normalize_hf_name
 
 __all__ = [
     "TargetInfo",
@@ -629,7 +629,7 @@ def _checkpoint_source(model_dir: Path) -> tuple[Path, str | None]:
     text = str(model_dir)
     if model_dir.exists() or not (text.startswith("hf:") or text.count("/") == 1):
         return model_dir, None
-    from . import hub
+    from ..fetch import hub
 
     ref = hub.parse(text)
     return hub.checkpoint_dir(ref), ref.repo_id.split("/")[1]
@@ -639,13 +639,13 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     """CLI entry point; returns the exit status (errors are printed, not raised)."""
     args = build_parser(prog).parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s: %(message)s")
-    from . import errors
+    from .. import errors
 
     try:
         model_dir, name = _checkpoint_source(args.model_dir)
         target_gguf = args.target_gguf
         if target_gguf is not None and not target_gguf.is_file():  # a model name or hf:ORG/NAME[:QUANT]
-            from . import models
+            from ..fetch import registry as models
 
             target_gguf = models.resolve(str(target_gguf))
         outfile = args.outfile or Path(f"{name or model_dir.resolve().name}-{args.outtype}.gguf")

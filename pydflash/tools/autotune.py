@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from . import models
+from ..fetch import registry as models
 
 __all__ = ["CostModel", "AcceptanceModel", "AutoTuner", "cached_costs", "expected_tokens", "measure_costs",
            "nondecreasing"]

@@ -17,7 +17,7 @@ import urllib.request
 from pathlib import Path
 from typing import Sequence
 
-from ._tools import tool_path
+from .upstream_binaries import tool_path
 
 __all__ = ["UpstreamServer", "free_port", "post_json", "wait_healthy", "peak_rss_mib"]
 

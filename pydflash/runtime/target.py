@@ -14,7 +14,8 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from . import errors, generation
+from .. import errors
+from . import generation
 from ._handle import NativeObject
 from ._bindings import check, ffi, lib, read_string
 from .generation import Result, SamplingOptions
@@ -55,7 +56,7 @@ class Target(NativeObject):
 
     Args:
         model: path to a GGUF file, a ``pydflash models`` name (pulled on first use), or
-            ``hf:ORG/NAME[:QUANT]`` (fetched into the Hugging Face cache, ``pydflash.hub``).
+            ``hf:ORG/NAME[:QUANT]`` (fetched into the Hugging Face cache, ``pydflash.fetch.hub``).
         n_ctx: context window in tokens.
         n_batch: most tokens per decode call.
         n_threads: CPU threads (None: all cores).
@@ -92,7 +93,7 @@ class Target(NativeObject):
     ) -> None:
         super().__init__()
         self._embed_lock = threading.Lock()
-        from . import models  # local import: models pulls only when asked
+        from ..fetch import registry as models  # local import: models pulls only when asked
 
         for name, value in (("n_ctx", n_ctx), ("n_batch", n_batch), ("n_seq_max", n_seq_max)):
             if not isinstance(value, int) or value < 1:

@@ -18,7 +18,7 @@ from typing import Any
 
 from gguf import GGMLQuantizationType, GGUFValueType, LlamaFileType
 
-from .reference.config import DFlashConfig, normalize_hf_name
+from ..reference.config import DFlashConfig, normalize_hf_name
 
 __all__ = [
     "ARCH",
