@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Convert a Hugging Face DFlash / DFlash2 drafter to a llama.cpp ``dflash`` GGUF.
 
-Thin wrapper around :func:`pydflash.formats.convert.main` (same flags as ``pydflash convert``)::
+Thin wrapper around :func:`pydflash.formats.convert_cli.main` (same flags as ``pydflash convert``)::
 
     python convert_hf_to_gguf_dflash.py <draft_dir> --target-gguf target.gguf --outtype f16 -o draft.gguf
 
@@ -18,7 +18,7 @@ if os.path.isfile(os.path.join(_HERE, "pydflash", "__init__.py")) and _HERE not 
     sys.path.insert(0, _HERE)  # the checkout's package, even where the script dir is not on sys.path
 
 try:
-    from pydflash.formats.convert import main
+    from pydflash.formats.convert_cli import main
 except ModuleNotFoundError as exc:  # numpy or gguf missing: say what to install
     if exc.name is None or exc.name.split(".")[0] not in {"numpy", "gguf"}:
         raise

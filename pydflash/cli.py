@@ -11,9 +11,9 @@ import os
 import sys
 from typing import Sequence
 
-from .runtime import devices
 from . import errors
-from .fetch import hub
+from .flags import add_hub_arguments, apply_hub_arguments, n_max_arg
+from .runtime import devices
 
 
 def _add_sampling(p: argparse.ArgumentParser) -> None:
@@ -24,19 +24,6 @@ def _add_sampling(p: argparse.ArgumentParser) -> None:
     p.add_argument("--min-p", type=float, default=0.05, help="min-p, 0 = off (default 0.05)")
     p.add_argument("-s", "--seed", type=int, default=0, help="RNG seed (default 0)")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-
-
-def n_max_arg(value: str) -> int | str:
-    """--spec-draft-n-max: an int >= 0 or 'auto'."""
-    if value == "auto":
-        return value
-    try:
-        n = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0 or 'auto', got {value!r}") from None
-    if n < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0 or 'auto', got {value!r}")
-    return n
 
 
 def _add_target(p: argparse.ArgumentParser) -> None:
@@ -56,7 +43,7 @@ def _add_target(p: argparse.ArgumentParser) -> None:
     p.add_argument("--spec-draft-p-min", type=float, default=0.0,
                    help="greedy: cut drafts at the first pick the drafter gives p < P (default 0 = off)")
     p.add_argument("-v", "--verbose", action="store_true", help="show llama.cpp's log")
-    hub.add_arguments(p)
+    add_hub_arguments(p)
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -123,9 +110,9 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 
 def cmd_convert(args: argparse.Namespace, rest: Sequence[str]) -> int:
-    from .formats import convert
+    from .formats import convert_cli
 
-    return convert.main(list(rest))
+    return convert_cli.main(list(rest))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -148,11 +135,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     ben = sub.add_parser("bench", help="plain vs speculative (ours and upstream llama-server), one interleaved run")
     bench.add_arguments(ben)
-    hub.add_arguments(ben)
+    add_hub_arguments(ben)
     ben.set_defaults(func=bench.main, model_required=True)
     prof = sub.add_parser("profile", help="drafter acceptance on your prompts, and the best n_max on this machine")
     profiler.add_arguments(prof)
-    hub.add_arguments(prof)
+    add_hub_arguments(prof)
     prof.set_defaults(func=profiler.main, model_required=True, draft_required=True)
 
     mod = sub.add_parser("models", help="list or pull the test/benchmark models")
@@ -173,13 +160,16 @@ def build_parser() -> argparse.ArgumentParser:
                    add_help=False)
     sub.add_parser("draft-vocab", help="reduced-vocabulary drafter from a calibration prompt set "
                    "(see `pydflash draft-vocab -h`)", add_help=False)
+    sub.add_parser("drafter-profile", help="measure a drafter's acceptance by position and write it into "
+                   "its GGUF, where auto n_max prices its first probe (see `pydflash drafter-profile -h`)",
+                   add_help=False)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
-    if argv and argv[0] in ("convert", "quantize", "serve", "draft-vocab", "train"):  # these own their flags
+    if argv and argv[0] in ("convert", "quantize", "serve", "draft-vocab", "drafter-profile", "train"):  # own flags
         try:
             if argv[0] == "train":
                 from .train import pipeline
@@ -189,6 +179,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 from .formats import draft_vocab
 
                 return draft_vocab.main(argv[1:])
+            if argv[0] == "drafter-profile":
+                from .formats import drafter_profile
+
+                return drafter_profile.main(argv[1:])
             if argv[0] == "serve":
                 from . import server
 
@@ -218,7 +212,7 @@ def _resolve_hub(args: argparse.Namespace, parser: argparse.ArgumentParser) -> N
     reported on stderr), then the model flags a command cannot do without."""
     if not hasattr(args, "hf_repo"):
         return
-    hub.apply_arguments(args)
+    apply_hub_arguments(args)
     if getattr(args, "model_required", False) and not args.model:
         parser.error(f"{args.command}: -m MODEL or -hf REPO is required")
     if getattr(args, "draft_required", False) and not args.model_draft:

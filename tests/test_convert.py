@@ -27,7 +27,8 @@ from gguf import GGUFReader, GGUFValueType
 from gguf.quants import dequantize
 
 from pydflash.formats import gguf_layout
-from pydflash.formats.convert import convert, main, read_gguf_header, read_gguf_tensor
+from pydflash.formats.convert import convert, read_gguf_header, read_gguf_tensor
+from pydflash.formats.convert_cli import main
 from pydflash.reference.config import DFlashConfig
 
 LAYER_TENSORS = ["attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight",

@@ -29,7 +29,6 @@ is listed from the cache, as llama.cpp does. Failures are ``pydflash.errors.Hub*
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import hashlib
 import json
@@ -45,9 +44,9 @@ from pathlib import Path
 from types import ModuleType
 
 from .. import errors
+from .cache import cache_dir, locked
 
-__all__ = ["HubRef", "add_arguments", "apply_arguments", "checkpoint_dir", "convert_checkpoint", "drafter_file",
-           "is_hub_ref", "model_file", "parse", "pick_gguf", "pick_sidecar", "sidecar_drafter"]
+__all__ = ["HubRef", "checkpoint_dir", "convert_checkpoint", "drafter_file", "is_hub_ref", "model_file", "parse", "pick_gguf", "pick_sidecar", "sidecar_drafter"]
 
 log = logging.getLogger(__name__)
 
@@ -427,12 +426,10 @@ def _held_back(logger: logging.Logger) -> Iterator[list[str]]:
 
 def converted_path(repo_id: str, commit: str, target: str | os.PathLike[str], out_type: str) -> Path:
     """Where the drafter converted from ``repo_id`` at ``commit`` for ``target`` as ``out_type`` is cached."""
-    from . import registry as models
-
     key = {"format": _CONVERT_FORMAT, "repo": repo_id, "commit": commit,
            "target": _target_identity(Path(target)), "type": out_type}
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-    return models.cache_dir() / "drafters" / repo_id.replace("/", "--") / f"{commit[:12]}-{digest}-{out_type}.gguf"
+    return cache_dir() / "drafters" / repo_id.replace("/", "--") / f"{commit[:12]}-{digest}-{out_type}.gguf"
 
 
 def convert_checkpoint(checkpoint: Path, repo_id: str, target: str | os.PathLike[str], out_type: str = "f16") -> Path:
@@ -445,9 +442,7 @@ def convert_checkpoint(checkpoint: Path, repo_id: str, target: str | os.PathLike
         log.info("drafter %s (%s, %s) for %s: cached %s", repo_id, commit[:12], out_type, Path(target).name, final)
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
-    from .registry import _locked  # the file lock the model cache uses too
-
-    with _locked(final.with_name(final.name + ".lock")):
+    with locked(final.with_name(final.name + ".lock")):
         if final.is_file():  # another process converted it while we waited
             return final
         stem = final.with_name(f".{final.stem}.{os.getpid()}.{uuid.uuid4().hex[:8]}")
@@ -500,98 +495,3 @@ def drafter_file(spec: str | HubRef, target: str | os.PathLike[str], *, draft_ty
     if draft_type and ref.tag and _draft_type(ref.tag) != out_type:
         raise errors.InvalidArgumentError(f"{ref} asks for {ref.tag} but --draft-type is {draft_type}")
     return convert_checkpoint(_checkpoint(ref, listing, token), ref.repo_id, target, out_type)
-
-
-# --- command line ------------------------------------------------------------------------------------------
-
-
-def add_arguments(p: argparse.ArgumentParser, *, draft: bool = True) -> None:
-    """llama.cpp's Hugging Face flags: -hf/-hfr, -hff, -hfd/-hfrd, -hffd, -hft, plus --draft-type, --offline."""
-    g = p.add_argument_group("Hugging Face Hub (pip install 'pydflash[hub]')")
-    g.add_argument("-hf", "-hfr", "--hf-repo", dest="hf_repo", metavar="<user>/<model>[:quant]",
-                   default=os.environ.get("LLAMA_ARG_HF_REPO"),
-                   help="target from a Hub repository; quant is case-insensitive, default Q4_K_M, else Q8_0, else "
-                        "the first GGUF (overrides -m)")
-    g.add_argument("-hff", "--hf-file", dest="hf_file", metavar="FILE", default=os.environ.get("LLAMA_ARG_HF_FILE"),
-                   help="the file of the -hf repository to use (overrides the quant)")
-    if draft:
-        g.add_argument("-hfd", "-hfrd", "--hf-repo-draft", "--spec-draft-hf", dest="hf_repo_draft",
-                       metavar="<user>/<model>[:quant]", default=os.environ.get("LLAMA_ARG_SPEC_DRAFT_HF_REPO"),
-                       help="drafter from a Hub repository: a GGUF repository (a dflash- file if there is one), or a "
-                            "DFlash/DFlash2 checkpoint (config.json + safetensors) converted for the target on first "
-                            "use and cached; for a checkpoint, quant is the output type (see --draft-type)")
-        g.add_argument("-hffd", "--hf-file-draft", dest="hf_file_draft", metavar="FILE", default=None,
-                       help="the file of the -hfd repository to use (as -md FILE next to -hfd)")
-        g.add_argument("--draft-type", dest="draft_type", default=None,
-                       help="type of a drafter converted from a checkpoint repository: f16 (default), bf16, f32, "
-                            "q8_0, or Q4_K_M, Q4_K_S, Q5_K_M, Q5_K_S, Q6_K (converted, then quantized)")
-    g.add_argument("-hft", "--hf-token", dest="hf_token", metavar="TOKEN", default=None,
-                   help="Hugging Face access token (default: HF_TOKEN, else the stored `hf auth login` token)")
-    g.add_argument("--offline", action="store_true",
-                   default=os.environ.get("LLAMA_OFFLINE", "").lower() in ("1", "true", "on"),
-                   help="use only the Hugging Face cache, never the network (as HF_HUB_OFFLINE=1)")
-
-
-@contextlib.contextmanager
-def _announced() -> Iterator[None]:
-    """What this module logs (downloads from the cache, conversions) and warns, as ``[pydflash]`` lines on stderr."""
-    import sys
-
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("[pydflash] %(message)s"))
-    level = log.level
-    log.addHandler(handler)
-    log.setLevel(logging.INFO)
-    try:
-        with warnings.catch_warnings(record=True) as notes:
-            warnings.simplefilter("always")
-            yield
-        for note in notes:
-            print(f"[pydflash] note: {note.message}", file=sys.stderr)
-    finally:
-        log.removeHandler(handler)
-        log.setLevel(level)
-
-
-def apply_arguments(args: argparse.Namespace, *, announce: bool = True) -> None:
-    """Replace ``args.model`` / ``args.model_draft`` by local paths where -hf / -hfd were given
-    (downloading, converting as needed; ``announce``: say so on stderr)."""
-    with _announced() if announce else contextlib.nullcontext():
-        _apply(args)
-
-
-def _apply(args: argparse.Namespace) -> None:
-    from . import registry as models
-
-    hf_repo = getattr(args, "hf_repo", None)
-    hf_repo_draft = getattr(args, "hf_repo_draft", None)
-    token, offline = getattr(args, "hf_token", None), bool(getattr(args, "offline", False))
-    if getattr(args, "hf_file", None) and not hf_repo:
-        raise errors.InvalidArgumentError("-hff FILE needs -hf REPO")
-    if getattr(args, "hf_file_draft", None) and not hf_repo_draft:
-        raise errors.InvalidArgumentError("-hffd FILE needs -hfd REPO")
-    if hf_repo:
-        args.model = str(model_file(parse(hf_repo, filename=args.hf_file), token=token, offline=offline))
-    if hf_repo_draft and not getattr(args, "no_draft", False):
-        # as llama.cpp: -md FILE next to -hfd names the file in the draft repository
-        name = args.hf_file_draft or getattr(args, "model_draft", None)
-        if args.model is None:
-            raise errors.InvalidArgumentError("-hfd needs a target: -m or -hf")
-        target = models.resolve(args.model)
-        args.model_draft = str(drafter_file(parse(hf_repo_draft, filename=name), target,
-                                            draft_type=getattr(args, "draft_type", None), token=token,
-                                            offline=offline))
-    elif getattr(args, "draft_type", None):
-        raise errors.InvalidArgumentError("--draft-type applies to a drafter converted from -hfd REPO")
-    elif hf_repo and not getattr(args, "model_draft", None) and _wants_draft(args):
-        # as llama.cpp with --spec-type draft-dflash: a dflash- GGUF shipped in the target's repository
-        sidecar = sidecar_drafter(parse(hf_repo, filename=args.hf_file), args.model, token=token, offline=offline)
-        if sidecar is not None:
-            args.model_draft = str(sidecar)
-
-
-def _wants_draft(args: argparse.Namespace) -> bool:
-    """serve: --spec-type draft-dflash asked for; generate: unless --no-draft (bench, profile: never)."""
-    if hasattr(args, "spec_type"):
-        return "draft-dflash" in (args.spec_type or "")
-    return hasattr(args, "no_draft") and not args.no_draft

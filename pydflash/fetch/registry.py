@@ -14,7 +14,6 @@ The cache root is ``$PYDFLASH_CACHE`` or ``~/.cache/pydflash``.
 from __future__ import annotations
 
 import argparse
-import fcntl
 import hashlib
 import os
 import re
@@ -22,13 +21,13 @@ import subprocess
 import sys
 import tempfile
 import zipfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
 from tqdm.auto import tqdm
+
+from .cache import cache_dir, locked
 
 __all__ = [
     "ChecksumError",
@@ -137,12 +136,6 @@ def get(name: str) -> ModelInfo:
         raise ValueError(f"unknown model {name!r}; known models: {', '.join(MODELS)}") from None
 
 
-def cache_dir() -> Path:
-    """Cache root: ``$PYDFLASH_CACHE`` if set, else ``~/.cache/pydflash``. Models live in ``<root>/models``."""
-    env = os.environ.get("PYDFLASH_CACHE")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "pydflash"
-
-
 def _model_path(info: ModelInfo, root: Path | None) -> Path:
     return (root if root is not None else cache_dir()) / "models" / info.filename
 
@@ -181,17 +174,6 @@ def verify(name: str, *, cache_dir: Path | str | None = None) -> bool:
 
 
 # --- fetching -------------------------------------------------------------
-
-
-@contextmanager
-def _locked(lock_path: Path) -> Iterator[None]:
-    """Exclusive flock so concurrent processes pulling the same model take turns."""
-    with open(lock_path, "a+b") as f:
-        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 
 
 def _show_progress(progress: bool) -> bool:
@@ -302,7 +284,7 @@ def pull(name: str, *, cache_dir: Path | str | None = None, progress: bool = Tru
     if _is_cached(info, final):
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
-    with _locked(final.with_name(final.name + ".lock")):
+    with locked(final.with_name(final.name + ".lock")):
         if _is_cached(info, final):  # another process finished it while we waited
             return final
         # Right size but no marker: interrupted between rename and marker write. Re-hash, don't re-download.

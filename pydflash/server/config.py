@@ -7,8 +7,7 @@ import os
 from dataclasses import dataclass
 
 from ..runtime import devices
-from ..fetch import hub
-from ..cli import n_max_arg
+from ..flags import add_hub_arguments, apply_hub_arguments, n_max_arg
 
 __all__ = ["ServerConfig", "build_parser", "config_from_args", "n_ctx_train"]
 
@@ -148,7 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--slot-save-path", default=None, help="folder for slot files (POST /slots/ID?action=save)")
     p.add_argument("--spm-infill", action="store_true", help="suffix/prefix/middle order for /infill")
     p.add_argument("-v", "--verbose", action="store_true", help="llama.cpp's log and an access log")
-    hub.add_arguments(p)
+    add_hub_arguments(p)
     return p
 
 
@@ -158,7 +157,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
     -hf / -hfd are resolved here (downloads, a drafter converted on first use), so the config holds
     local paths and an engine reloaded after ``--sleep-idle-seconds`` touches no network;
     ``pydflash.errors.HubError`` on failure."""
-    hub.apply_arguments(args)
+    apply_hub_arguments(args)
     spec_type = args.spec_type
     if spec_type is None:
         spec_type = "draft-dflash" if args.model_draft else "none"
