@@ -1,14 +1,17 @@
 """Training-data capture throughput: captured tokens per second, old recipe vs new, interleaved.
 
     python benchmarks/capture_throughput.py -m smollm2-135m --prompts 48 --max-new 128 --rounds 2 \\
+        --parallel 16:0,16:64,8:64 \\
         --out benchmarks/results/capture-throughput
 
 * ``two-pass, stock``: what ``pydflash train`` did before: greedy continuations 8 sequences at a
   time (plain decoding through the scheduler), then every whole sequence decoded once more with
   the taps on; ggml's stock kernels (the default then).
-* ``one-pass, default kernels, P in parallel``: ``train.features.capture_continuations``: the
-  scheduler generates P sequences together and keeps every decoded row's taps and argmax as it
-  goes (continuous batching, nothing decoded twice); pydflash's kernels (the default now).
+* ``one-pass, default kernels, P in parallel, S rows a step``: ``train.features.capture_continuations``:
+  the scheduler generates P sequences together and keeps every decoded row's taps and argmax as
+  it goes (continuous batching, nothing decoded twice); pydflash's kernels (the default now). At
+  most S rows a step (``step_rows``, the default 64): new prompts are prefilled in slices that stay
+  on the multi-row kernels; "whole prompts" = a prompt in one ubatch, on ggml's prefill kernels.
 
 Each round runs every mode once on the same prompts (stdlib function headers + docstrings),
 modes interleaved; the table gives the median over rounds. Tokens counted = rows captured.
@@ -110,7 +113,8 @@ def two_pass(path: str, prompts: list[list[int]], taps: list[int], max_new: int,
     return n
 
 
-def one_pass(path: str, prompts: list[list[int]], taps: list[int], max_new: int, threads: int, parallel: int) -> int:
+def one_pass(path: str, prompts: list[list[int]], taps: list[int], max_new: int, threads: int, parallel: int,
+             step_rows: int) -> int:
     from pydflash.train.features import Continuation, capture_continuations
 
     n_ctx = max(map(len, prompts)) + max_new + 8  # per sequence
@@ -118,7 +122,7 @@ def one_pass(path: str, prompts: list[list[int]], taps: list[int], max_new: int,
                      n_batch=max(512, parallel)) as target:
         jobs = [Continuation(str(i), p) for i, p in enumerate(prompts)]
         return sum(len(s.tokens) for s in capture_continuations(target, jobs, taps, max_tokens=max_new,
-                                                                n_parallel=parallel))
+                                                                n_parallel=parallel, step_rows=step_rows))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -126,7 +130,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-m", "--model", default="smollm2-135m")
     ap.add_argument("--prompts", type=int, default=48)
     ap.add_argument("--max-new", type=int, default=128)
-    ap.add_argument("--parallel", default="16,32")
+    ap.add_argument("--parallel", default="16:0,16:64",
+                    help="one-pass modes, comma-separated P:S = P sequences in parallel, at most S rows a step "
+                         "(0 = a whole prompt in one step)")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("--out", default=None)
@@ -143,9 +149,12 @@ def main(argv: list[str] | None = None) -> int:
         prompts = [t.tokenize(p.text) for p in load("stdlib", limit=args.prompts)]
     prompts = [p for p in prompts if len(p) <= 384]
     modes = [("two-pass, stock kernels", lambda: two_pass(path, prompts, taps, args.max_new, args.threads))]
-    for par in (int(x) for x in args.parallel.split(",")):
-        modes.append((f"one-pass, default kernels, {par} in parallel",
-                      lambda par=par: one_pass(path, prompts, taps, args.max_new, args.threads, par)))
+    for spec in args.parallel.split(","):
+        par, _, rows = spec.partition(":")
+        par, rows = int(par), int(rows or 0)
+        step = f"{rows} rows a step" if rows else "whole prompts a step"
+        modes.append((f"one-pass, default kernels, {par} in parallel, {step}",
+                      lambda par=par, rows=rows: one_pass(path, prompts, taps, args.max_new, args.threads, par, rows)))
     runs: dict[str, list[float]] = {name: [] for name, _ in modes}
     tokens: dict[str, int] = {}
     for r in range(args.rounds):

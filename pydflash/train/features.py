@@ -77,18 +77,25 @@ class Continuation:
 
 
 def capture_continuations(target, jobs: Iterable[Continuation], tap_layers: Sequence[int], *, max_tokens: int,
-                          n_parallel: int, top_k: int = 0, top_p: float = 1.0) -> Iterator[CapturedSequence]:  # type: ignore[no-untyped-def]
+                          n_parallel: int, step_rows: int = 64, top_k: int = 0,
+                          top_p: float = 1.0) -> Iterator[CapturedSequence]:  # type: ignore[no-untyped-def]
     """Generate every job's continuation and capture its rows in the same pass.
 
     Runs plain decoding through one native ``Scheduler`` over ``target`` (which needs
     ``n_seq_max >= n_parallel``), keeping ``n_parallel`` sequences in flight (continuous batching:
     a finished one is replaced at once), so each step decodes many rows through the multi-row
     kernels. Yields each sequence as it finishes (not in job order).
+
+    ``step_rows`` caps the rows of one step (decode rows first, then prompt chunks): a new prompt
+    is prefilled in slices that stay on pydflash's multi-row kernels (64 rows by default, their
+    ``PYDFLASH_KERNELS_MAX_ROWS``) instead of one long ubatch on ggml's prefill kernels, which on
+    a 2-core AVX2 machine cost about twice as much per row for SmolLM2 (measured: 170 -> 255-300
+    captured tokens/s at 16 in parallel). 0 = the target's ``n_batch``.
     """
     from ..runtime.generation import SamplingOptions
     from ..runtime.scheduler import Scheduler
 
-    sched = Scheduler(target, None, n_max=0)
+    sched = Scheduler(target, None, n_max=0, n_batch=max(step_rows, n_parallel) if step_rows > 0 else 0)
     try:
         sched.set_capture([int(layer) + 1 for layer in tap_layers])
         pending = iter(jobs)

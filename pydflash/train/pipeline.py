@@ -61,7 +61,7 @@ def _progress(label: str, total: int):  # type: ignore[no-untyped-def]
 def capture(target_path: str, prompts, cache_dir: str | os.PathLike, taps: Sequence[int], *,  # type: ignore[no-untyped-def]
             max_prompt: int = 384, max_new: int = 192, threads: int | None = None, batch: int = 4,
             samples: int = 0, temperature: float = 0.8, shard_size: int = 64, max_minutes: float | None = None,
-            log=print) -> "object":
+            step_rows: int = 64, log=print) -> "object":
     """Generate and capture every prompt not yet in the cache; returns the FeatureCache.
 
     Each prompt gets its greedy continuation (id = the prompt's id) and ``samples`` sampled ones at
@@ -106,7 +106,8 @@ def capture(target_path: str, prompts, cache_dir: str | os.PathLike, taps: Seque
                     return
                 yield job
 
-        for seq in capture_continuations(target, until_deadline(), taps, max_tokens=max_new, n_parallel=batch):
+        for seq in capture_continuations(target, until_deadline(), taps, max_tokens=max_new, n_parallel=batch,
+                                           step_rows=step_rows):
             shard.append(seq)
             n_tok += len(seq.tokens)
             bar.update(1)
@@ -218,9 +219,12 @@ def build_parser(prog: str = "pydflash train") -> argparse.ArgumentParser:
     p.add_argument("--samples", type=int, default=0,
                    help="sampled continuations per prompt, next to the greedy one (default 0)")
     p.add_argument("--sample-temp", type=float, default=0.8, help="temperature of the sampled continuations")
-    p.add_argument("--parallel", type=int, default=4,
-                   help="sequences the target decodes together while capturing (4 is fastest on 2 cores with "
-                        "SmolLM2: the unified KV cache makes every query scan the other sequences' cells)")
+    p.add_argument("--parallel", type=int, default=16,
+                   help="sequences the target decodes together while capturing (8-16 measured fastest on 2 "
+                        "cores with SmolLM2, benchmarks/results/capture-throughput)")
+    p.add_argument("--step-rows", type=int, default=64,
+                   help="most target rows per capture step: prompts are prefilled in slices of this size so "
+                        "they stay on the multi-row kernels (0 = one ubatch per prompt)")
     p.add_argument("--steps", type=int, default=2000)
     p.add_argument("--seqs-per-step", type=int, default=4)
     p.add_argument("--anchors-per-seq", type=int, default=16)
@@ -289,7 +293,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         prompts = train_prompts.load(args.prompts, limit=args.limit)
         capture(target_path, prompts, cache_dir, config.target_layer_ids, max_prompt=args.max_prompt,
                 max_new=args.max_new, threads=args.threads, batch=args.parallel, samples=args.samples,
-                temperature=args.sample_temp, max_minutes=args.max_minutes if args.capture_only else None, log=log)
+                temperature=args.sample_temp, step_rows=args.step_rows, max_minutes=args.max_minutes if args.capture_only else None, log=log)
     if args.capture_only:
         return 0
     model = DFlashDrafter(config)
