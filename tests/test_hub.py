@@ -228,7 +228,7 @@ for spec, exc in (("hf:acme/nope", errors.HubOfflineError), ("hf:{GGUF_REPO}:Q8_
         pydflash.Target(spec)
     except exc as err:
         out[spec] = str(err)
-from pydflash.server.config import build_parser, config_from_args
+from pydflash.server.command_line import build_parser, config_from_args
 args, _ = build_parser().parse_known_args(["-hf", "{GGUF_REPO}:Q4_1", "-hfd", "{DRAFT_REPO}", "--draft-type", "Q4_K_M"])
 config = config_from_args(args)
 out["serve"] = [config.model, config.drafter]

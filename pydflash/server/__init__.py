@@ -34,6 +34,6 @@ process).
 from __future__ import annotations
 
 from .app import main
-from .config import ServerConfig, build_parser
+from .command_line import ServerConfig, build_parser
 
 __all__ = ["ServerConfig", "build_parser", "main"]

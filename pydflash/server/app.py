@@ -8,7 +8,7 @@ import sys
 import time
 
 from .. import errors
-from .config import ServerConfig, build_parser, config_from_args
+from .command_line import ServerConfig, build_parser, config_from_args
 
 __all__ = ["main", "serve"]
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import urlsplit
 
-from .requests import APIError
+from .jobs import APIError
 
 __all__ = ["HEADER_PREFIX", "register"]
 

@@ -14,7 +14,7 @@ import numpy as np
 
 from .. import errors
 from ..runtime.chat import json_schema_to_grammar
-from .requests import APIError, Constraints, client_input
+from .jobs import APIError, Constraints, client_input
 
 __all__ = ["constraint_options", "parse_constraints", "probs_json", "oai_logprobs", "infill_tokens", "check_infill",
            "embedding_rows", "normalize"]

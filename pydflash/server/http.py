@@ -19,19 +19,19 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import errors
-from .config import ServerConfig
+from .command_line import ServerConfig
 from .loop import SlotView, StepLoop
 from .metrics import Metrics
-from . import cors_proxy, gcp
-from .native_routes import NativeRoutes
-from .compat import (anthropic_message, anthropic_stop, anthropic_to_chat, random_id, responses_body,
+from . import api_vertex, cors_proxy
+from .api_llama import NativeRoutes
+from .api_anthropic import (anthropic_message, anthropic_stop, anthropic_to_chat, random_id, responses_body,
                      responses_to_chat)
-from .requests import (APIError, Job, answer_of, check_continuation, client_input, from_engine_error, make_jobs,
+from .jobs import (APIError, Job, answer_of, check_continuation, client_input, from_engine_error, make_jobs,
                        parse_body, parse_common, parse_messages, parse_prompts)
-from .requests import field_value as _field
+from .jobs import field_value as _field
 from .features import check_infill, infill_tokens, oai_logprobs, parse_constraints, probs_json
 from .text import detokenize, piece_json, token_bytes, tokenize_mixed
-from .responses import (FINISH_REASONS, STOP_TYPES, SYSTEM_FINGERPRINT, nested_fields, now, settings, sse, timings,
+from .answers import (FINISH_REASONS, STOP_TYPES, SYSTEM_FINGERPRINT, nested_fields, now, settings, sse, timings,
                         usage)
 
 __all__ = ["HTTPServer"]
@@ -113,7 +113,7 @@ class HTTPServer:
         r.add_get("/props", self.props)
         r.add_get("/metrics", self.prometheus)
         cors_proxy.register(self, r)  # --ui-mcp-proxy
-        gcp.register(self, r)  # AIP_MODE=PREDICTION: Vertex AI's /predict over the routes above
+        api_vertex.register(self, r)  # AIP_MODE=PREDICTION: Vertex AI's /predict over the routes above
 
     # -- names -----------------------------------------------------------------------------------------
 

@@ -42,12 +42,12 @@ from typing import Any, NamedTuple
 from ..runtime import devices
 from ..runtime.generation import SamplingOptions
 from ..runtime.scheduler import SlotInfo
-from .config import ServerConfig, n_ctx_train
+from .command_line import ServerConfig, n_ctx_train
 from ..runtime.chat import json_schema_to_grammar
 from .features import constraint_options
 from .metrics import Metrics
-from .requests import APIError, Job, Piece, Progress, Speculative, from_engine_error
-from .responses import timings_of
+from .jobs import APIError, Job, Piece, Progress, Speculative, from_engine_error
+from .answers import timings_of
 from .text import detokenize, tokenize_mixed
 
 __all__ = ["StepLoop", "SlotView"]

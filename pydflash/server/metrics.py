@@ -21,7 +21,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from .responses import generation_steps, prefilled, verif_steps
+from .answers import generation_steps, prefilled, verif_steps
 
 __all__ = ["Metrics"]
 

@@ -35,7 +35,7 @@ def token_bytes(target: Any, tokens: Sequence[int]) -> bytes:
         return b""
     bad = [t for t in tokens if not 0 <= t < target.info.n_vocab]
     if bad:
-        from .requests import APIError
+        from .jobs import APIError
         raise APIError(400, f"token id {bad[0]} is outside the vocabulary (0..{target.info.n_vocab - 1})")
     array = ffi.new("int32_t[]", list(tokens))
     size = 16 * n + 64

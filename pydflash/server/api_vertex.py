@@ -13,7 +13,7 @@ import os
 import re
 from typing import Any
 
-from .requests import APIError, answer_of
+from .jobs import APIError, answer_of
 
 __all__ = ["register"]
 

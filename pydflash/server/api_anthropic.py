@@ -17,7 +17,7 @@ import json
 import uuid
 from typing import Any
 
-from .requests import APIError, client_input
+from .jobs import APIError, client_input
 
 __all__ = ["anthropic_to_chat", "responses_to_chat", "anthropic_message", "anthropic_usage",
            "responses_body", "random_id"]

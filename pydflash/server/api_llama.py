@@ -13,7 +13,7 @@ from typing import Any
 
 from .. import errors
 from .features import base64_floats, embedding_rows
-from .requests import INT32_MAX, APIError, check_model, client_input, from_engine_error
+from .jobs import INT32_MAX, APIError, check_model, client_input, from_engine_error
 
 __all__ = ["NativeRoutes"]
 
