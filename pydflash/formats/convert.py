@@ -69,7 +69,6 @@ from ..reference.config import DFlashConfig, normalize_hf_name
 __all__ = [
     "TargetInfo",
     "convert",
-    "main",
     "GGUFHeader",
     "GGUFTensorInfo",
     "read_gguf_header",
