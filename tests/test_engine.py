@@ -99,7 +99,7 @@ def test_n_max_past_the_block_takes_n_min_along(smollm2_path, drafter_path):
     with Engine(smollm2_path, drafter_path, n_ctx=256, n_threads=2, n_max=64, n_min=40) as e:
         block = e.drafter.info.block_size
         assert (e.n_max, e.n_min) == (block - 1, block - 1)
-        assert e._call_spec(99, 50, None) == {"n_max": block - 1, "n_min": block - 1}
+        assert e.spec_overrides(99, 50, None) == {"n_max": block - 1, "n_min": block - 1}
         r = e.generate("def add(a, b):", max_tokens=8, temperature=0, ignore_eos=True, n_max=99, n_min=50)
         assert r.stats.n_generated == 8
         with pytest.raises(pydflash.InvalidArgumentError):  # n_min past the asked n_max stays an error

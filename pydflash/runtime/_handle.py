@@ -45,6 +45,12 @@ class NativeObject:
     def closed(self) -> bool:
         return self._handle == ffi.NULL
 
+    @property
+    def lock(self) -> threading.RLock:
+        """The lock every call on this object takes: hold it to run several calls as one (the
+        server's step loop holds the target's for a whole step)."""
+        return self._lock
+
     def _h(self):  # type: ignore[no-untyped-def]
         if self._handle == ffi.NULL:
             raise errors.ClosedError(f"this {type(self).__name__} is closed")

@@ -136,8 +136,8 @@ class Engine:
             raise errors.InvalidArgumentError(f"p_min must be in [0, 1], got {p_min!r}")
         return float(p_min)
 
-    def _call_spec(self, n_max: int | None, n_min: int | None, p_min: float | None) -> dict:
-        """A call's n_max / n_min / p_min overrides, validated, as Scheduler.add arguments
+    def spec_overrides(self, n_max: int | None, n_min: int | None, p_min: float | None) -> dict:
+        """A call's (or a request's) n_max / n_min / p_min overrides, validated, as Scheduler.add arguments
         (n_max given: this call drafts exactly that many per step; None: the engine's)."""
         spec = {}
         if n_max is not None or n_min is not None:
@@ -224,7 +224,7 @@ class Engine:
         """Generate from text or token ids; options as ``Target.generate``; ``n_max`` fixes the
         drafts per step for this call. ``on_piece(text)``, if given, receives the text as it is
         committed (return False to stop)."""
-        spec = self._call_spec(n_max, n_min, p_min)
+        spec = self.spec_overrides(n_max, n_min, p_min)
         opts = SamplingOptions.build(**options)
         tokens = self._tokens(prompt)
         with self.target._lock:
@@ -237,7 +237,7 @@ class Engine:
                p_min: float | None = None, **options) -> Iterator[str]:  # type: ignore[no-untyped-def]
         """Like ``generate`` but yields text pieces as they are committed; closing the iterator
         cancels the generation."""
-        spec = self._call_spec(n_max, n_min, p_min)
+        spec = self.spec_overrides(n_max, n_min, p_min)
         opts = SamplingOptions.build(**options)
         tokens = self._tokens(prompt)
         self._sched()
@@ -268,7 +268,7 @@ class Engine:
         if len(prompts) > self.target.info.n_seq_max:
             raise errors.InvalidArgumentError(
                 f"{len(prompts)} prompts but the engine was created with n_seq_max={self.target.info.n_seq_max}")
-        spec = self._call_spec(n_max, n_min, p_min)
+        spec = self.spec_overrides(n_max, n_min, p_min)
         opts = SamplingOptions.build(**options)
         token_lists = [self._tokens(p) for p in prompts]
         if opts.seed + len(prompts) > 2**64:

@@ -183,6 +183,24 @@ class Target(NativeObject):
                 lambda buf, n, out: lib.dflash_target_detokenize(self._h(), array, len(tokens), render_special, buf, n, out)
             )
 
+    def detokenize_bytes(self, tokens: Sequence[int], *, render_special: bool = False) -> bytes:
+        """Token ids to the raw bytes of their pieces (``detokenize`` decodes them; a piece may
+        stop inside a UTF-8 character, as a streamed one does)."""
+        array = self._token_array(tokens, allow_empty=True)
+        n = len(array)
+        size = 16 * n + 64
+        with self._lock:
+            for _ in range(2):
+                buf = ffi.new("char[]", size)
+                n_out = ffi.new("size_t *")
+                status = lib.dflash_target_detokenize(self._h(), array, n, render_special, buf, size, n_out)
+                if status == lib.DFLASH_ERR_BUFFER_TOO_SMALL:
+                    size = n_out[0] + 1
+                    continue
+                check(status)
+                return ffi.unpack(buf, n_out[0])
+        raise errors.InternalError("detokenize buffer kept growing")
+
     def apply_chat_template(self, messages: Sequence[Message], *, add_assistant: bool = True,
                             jinja: bool = True) -> str:
         """Format chat messages with the model's own template: by llama.cpp's Jinja engine, as

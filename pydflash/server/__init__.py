@@ -25,9 +25,15 @@ at the drafter's block size - 1, and every step caps drafts to the rows left in 
 Context: as in llama-server, ``-c`` is the total context and each of the ``-np`` slots gets
 ``c / np`` tokens (``-c 0``: the model's training context, split the same way).
 
-Modules: ``config`` (flags), ``requests`` (request parsing into jobs), ``responses``
-(OpenAI / llama.cpp response formats), ``loop`` (the step loop: the one thread that owns the
-engine), ``metrics`` (Prometheus counters), ``http`` (aiohttp routes, SSE, auth), ``app`` (the
+Modules, one per API family, each holding its routes, request parsing and answer shapes, and
+registering itself from ``http``: ``api_openai`` (models, completions, chat, embeddings),
+``api_llama`` (llama.cpp's native routes: completion, infill, tokenize, apply-template, embedding,
+slots, props, metrics), ``api_anthropic`` (messages), ``api_responses`` (OpenAI's Responses),
+``api_vertex`` (Vertex AI's /predict), ``cors_proxy`` (--ui-mcp-proxy). Beside them: ``http`` (the
+aiohttp app: API keys, CORS, /health, the job and SSE plumbing), ``jobs`` (every request field
+parsed once into ``Job``s, before the loop), ``answers`` (timings, usage, settings, SSE framing),
+``text`` (tokenizer helpers), ``loop`` (the step loop: the one thread that owns the engine),
+``metrics`` (Prometheus counters), ``command_line`` (flags -> ``ServerConfig``), ``app`` (the
 process).
 """
 

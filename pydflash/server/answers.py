@@ -1,4 +1,5 @@
-"""Response formats: llama.cpp's ``timings`` / ``generation_settings``, OpenAI's ``usage``, SSE.
+"""Answer shapes every API family shares: llama.cpp's ``timings`` / ``generation_settings``, OpenAI's
+``usage``, finish reasons, SSE framing, ids.
 
 Counter definitions (as llama-server's): ``cache_n`` prompt tokens reused from the slot's KV,
 ``prompt_n`` prompt tokens prefilled (the rest), ``draft_n`` drafted tokens, ``draft_n_accepted``
@@ -10,12 +11,13 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from typing import Any
 
 from .. import __version__
 
 __all__ = ["FINISH_REASONS", "STOP_TYPES", "SYSTEM_FINGERPRINT", "generation_steps", "timings", "timings_of", "usage",
-           "settings", "sse", "now", "verif_steps", "prefilled", "nested_fields"]
+           "settings", "sse", "now", "random_id", "timed", "verif_steps", "prefilled", "nested_fields"]
 
 FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length", "context": "length", "cancelled": "stop",
                   "none": "stop"}
@@ -27,6 +29,17 @@ SYSTEM_FINGERPRINT = f"b{__version__}-pydflash"
 
 def now() -> int:
     return int(time.time())
+
+
+def random_id() -> str:
+    return uuid.uuid4().hex
+
+
+def timed(msg: dict, timings: dict | None) -> dict:
+    """A streamed message with the timings so far (``timings_per_token``), as llama-server's."""
+    if timings is not None:
+        msg["timings"] = timings
+    return msg
 
 
 def sse(data: Any) -> bytes:

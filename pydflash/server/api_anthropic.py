@@ -1,32 +1,30 @@
-"""Other vendors' APIs on the chat path: Anthropic's Messages (``/v1/messages``,
-``/v1/messages/count_tokens``) and OpenAI's Responses (``/v1/responses``).
+"""Anthropic's Messages API: ``/v1/messages`` and ``/v1/messages/count_tokens``.
 
-Each request is turned into an OpenAI chat body (messages + the sampling fields the chat path
-reads), generated as a chat completion, and the result is written in the vendor's shape, as
-llama-server does. Anthropic content blocks map as llama-server maps them: text blocks are
-kept, thinking blocks become the message's ``reasoning_content``, tool-use blocks its
-``tool_calls``, tool results ``tool`` messages, and tools / tool_choice their OpenAI forms (the
+A request is turned into an OpenAI chat body (messages + the sampling fields the chat path reads),
+generated as a chat completion (``api_openai.chat_jobs``), and the result is written in Anthropic's
+shape (SSE events included), as llama-server does. Content blocks map as llama-server maps them:
+text blocks are kept, thinking blocks become the message's ``reasoning_content``, tool-use blocks
+its ``tool_calls``, tool results ``tool`` messages, and tools / tool_choice their OpenAI forms (the
 chat template renders them); blocks of other types are skipped, as llama-server skips them. An
-image is refused with llama-server's message, as a 400 (llama-server answers 500: the request,
-not the server, is at fault).
+image is refused with llama-server's message, as a 400 (llama-server answers 500: the request, not
+the server, is at fault).
 """
 
 from __future__ import annotations
 
 import json
-import uuid
 from typing import Any
 
-from .jobs import APIError, client_input
+from .answers import random_id
+from .api_openai import chat_jobs, count_chat_tokens
+from .jobs import IMAGE_REFUSED, APIError, Job, client_input, parse_messages
 
-__all__ = ["anthropic_to_chat", "responses_to_chat", "anthropic_message", "anthropic_usage",
-           "responses_body", "random_id"]
+__all__ = ["anthropic_message", "anthropic_stop", "anthropic_to_chat", "anthropic_usage", "register"]
 
-IMAGE_REFUSED = "image input is not supported - hint: if this is unexpected, you may need to provide the mmproj"
-
-
-def random_id() -> str:
-    return uuid.uuid4().hex
+def register(http, router) -> None:  # type: ignore[no-untyped-def]
+    routes = _Anthropic(http)
+    router.add_post("/v1/messages", routes.messages)
+    router.add_post("/v1/messages/count_tokens", routes.count_tokens)
 
 
 def _text_blocks(blocks: list, where: str) -> str:
@@ -119,72 +117,6 @@ def anthropic_to_chat(body: dict) -> dict:
     return out
 
 
-def _response_content(content: Any, where: str) -> str:
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        raise APIError(400, f"{where}: 'content' must be a string or a list of parts")
-    parts = []
-    for p in content:
-        if not isinstance(p, dict):
-            raise APIError(400, f"{where}: a content part must be an object")
-        kind = p.get("type")
-        if kind in ("input_text", "output_text", "text"):
-            if not isinstance(p.get("text"), str):
-                raise APIError(400, f"{where}: '{kind}' requires a string 'text'")
-            parts.append(p["text"])
-        elif kind == "input_image":
-            raise APIError(400, IMAGE_REFUSED)
-        elif kind == "input_file":
-            raise APIError(400, "'input_file' is not supported by llamacpp at this moment")
-        else:
-            raise APIError(400, "'type' must be one of 'input_text', 'input_image', or 'input_file'")
-    return "".join(parts)
-
-
-@client_input
-def responses_to_chat(body: dict) -> dict:
-    """An OpenAI Responses request as an OpenAI chat body."""
-    if "input" not in body:
-        raise APIError(400, "'input' is required")
-    if body.get("previous_response_id"):
-        raise APIError(400, "llama.cpp does not support 'previous_response_id'.")
-    messages: list[dict] = []
-    instructions = body.get("instructions")
-    if instructions is not None:
-        if not isinstance(instructions, str):
-            raise APIError(400, "'instructions' must be a string")
-        messages.append({"role": "system", "content": instructions})
-    value = body["input"]
-    if isinstance(value, str):
-        messages.append({"role": "user", "content": value})
-    elif isinstance(value, list):
-        for item in value:
-            if not isinstance(item, dict):
-                raise APIError(400, "each 'input' item must be an object")
-            role = item.get("role")
-            if item.get("type") == "function_call_output":
-                out = item.get("output")
-                messages.append({"role": "tool", "content": out if isinstance(out, str) else json.dumps(out)})
-            elif item.get("type") in ("function_call", "reasoning"):
-                continue  # no tool-call / reasoning rendering in pydflash's templates
-            elif isinstance(role, str) and role in ("user", "system", "developer", "assistant"):
-                text = _response_content(item.get("content", ""), "input")
-                messages.append({"role": "system" if role == "developer" else role, "content": text})
-            else:
-                raise APIError(400, "an 'input' item must be a message (role + content) or a function call output")
-    else:
-        raise APIError(400, "'input' must be a string or a list of items")
-    out: dict[str, Any] = {"messages": messages}
-    for name in ("temperature", "top_p", "top_k", "min_p", "seed", "stream", "cache_prompt", "speculative",
-                 "verbose", "return_progress", "timings_per_token", "stop"):
-        if name in body:
-            out[name] = body[name]
-    if body.get("max_output_tokens") is not None:
-        out["max_tokens"] = body["max_output_tokens"]
-    return out
-
-
 def anthropic_usage(stats: Any) -> dict:
     return {"cache_read_input_tokens": stats.n_cached, "input_tokens": stats.n_prompt - stats.n_cached,
             "output_tokens": stats.n_generated}
@@ -201,14 +133,61 @@ def anthropic_message(mid: str, model: str, result: Any, stopping_word: str) -> 
             "usage": anthropic_usage(result.stats)}
 
 
-def responses_body(rid: str, msg_id: str, model: str, created: int, result: Any, completed_at: int) -> dict:
-    st = result.stats
-    output = []
-    if result.text:
-        output.append({"content": [{"type": "output_text", "annotations": [], "logprobs": [], "text": result.text}],
-                       "id": msg_id, "role": "assistant", "status": "completed", "type": "message"})
-    return {"completed_at": completed_at, "created_at": created, "id": rid, "model": model, "object": "response",
-            "output": output, "status": "completed",
-            "usage": {"input_tokens": st.n_prompt, "output_tokens": st.n_generated,
-                      "total_tokens": st.n_prompt + st.n_generated,
-                      "input_tokens_details": {"cached_tokens": st.n_cached}}}
+class _Anthropic:
+    def __init__(self, http) -> None:  # type: ignore[no-untyped-def]
+        self.http = http
+
+    async def messages(self, request):  # type: ignore[no-untyped-def]
+        chat = anthropic_to_chat(await self.http.read_body(request))
+        common, jobs, out = chat_jobs(self.http, chat, ["max_tokens", "n_predict"], allow_empty=True)
+        if common.n != 1:
+            raise APIError(400, "Anthropic messages take one choice")
+        mid = f"msg_{random_id()}"
+        stops = common.options["stop"]
+
+        def stopping_word(res) -> str:  # type: ignore[no-untyped-def]
+            return stops[0] if res.stats.stop_reason == "stop" and len(stops) == 1 else ""
+
+        if common.stream:
+            state = {"started": False, "text": False}
+
+            def start(job: Job) -> tuple:
+                state["started"] = True
+                return ("message_start", {"type": "message_start", "message": {
+                    "id": mid, "type": "message", "role": "assistant", "content": [], "model": self.http.model_id,
+                    "stop_reason": None, "stop_sequence": None,
+                    "usage": {"cache_read_input_tokens": 0, "input_tokens": job.n_prompt, "output_tokens": 0}}})
+
+            def emit(kind: str, i: int, payload) -> list:  # type: ignore[no-untyped-def]
+                msgs = [] if state["started"] or kind == "progress" else [start(jobs[0])]
+                if kind == "piece" and payload.text:
+                    if not state["text"]:
+                        state["text"] = True
+                        msgs.append(("content_block_start", {"type": "content_block_start", "index": 0,
+                                                             "content_block": {"type": "text", "text": ""}}))
+                    msgs.append(("content_block_delta", {"type": "content_block_delta", "index": 0,
+                                                         "delta": {"type": "text_delta", "text": payload.text}}))
+                elif kind == "done":
+                    st = payload.stats
+                    if state["text"]:
+                        msgs.append(("content_block_stop", {"type": "content_block_stop", "index": 0}))
+                    msgs.append(("message_delta", {"type": "message_delta",
+                                                   "delta": {"stop_reason": anthropic_stop(st),
+                                                             "stop_sequence": stopping_word(payload) or None},
+                                                   "usage": {"output_tokens": st.n_generated}}))
+                    msgs.append(("message_stop", {"type": "message_stop"}))
+                return msgs
+
+            return await self.http.serve(jobs, lambda: self.http.stream(request, jobs, out, emit, None, False))
+
+        async def run():  # type: ignore[no-untyped-def]
+            res = (await self.http.collect(jobs, out))[0]
+            return self.http.json(anthropic_message(mid, self.http.model_id, res, stopping_word(res)))
+
+        return await self.http.serve(jobs, run)
+
+    async def count_tokens(self, request):  # type: ignore[no-untyped-def]
+        chat = anthropic_to_chat(await self.http.read_body(request))
+        if chat["messages"]:
+            parse_messages(chat["messages"])  # checked as for generation
+        return self.http.json({"input_tokens": await count_chat_tokens(self.http, chat)})  # no "object" here

@@ -1,4 +1,4 @@
-"""Vertex AI custom-container compatibility (llama-server's, enabled by ``AIP_MODE=PREDICTION``):
+"""Google Vertex AI's custom-container API (llama-server's, enabled by ``AIP_MODE=PREDICTION``):
 ``POST /predict`` (``AIP_PREDICT_ROUTE``) takes ``{"instances": [...]}``, each naming the endpoint
 it is for with ``@requestFormat`` (a camelCase alias like ``chatCompletions`` or a path), runs
 them concurrently through the ordinary handlers (never streamed) and answers
@@ -18,6 +18,8 @@ from .jobs import APIError, answer_of
 __all__ = ["register"]
 
 MAX_INSTANCES = 128
+# an alias two paths share goes to one of them (upstream's pick depends on a hash map's order)
+ALIAS_WINNERS = {"completions": "/v1/completions", "embeddings": "/embeddings"}
 
 
 def _alias(path: str) -> str:
@@ -54,7 +56,9 @@ def register(http, router) -> None:  # type: ignore[no-untyped-def]
         path = info.get("path")
         if r.method == "POST" and path:
             handlers.setdefault(path, r.handler)
-            handlers.setdefault(_alias(path), r.handler)
+    for path, handler in list(handlers.items()):
+        alias = _alias(path)
+        handlers.setdefault(alias, handlers.get(ALIAS_WINNERS.get(alias, path), handler))
 
     async def one(request, instance: Any) -> Any:  # type: ignore[no-untyped-def]
         def error(status: int, message: str) -> dict:
@@ -80,14 +84,14 @@ def register(http, router) -> None:  # type: ignore[no-untyped-def]
             return error(500, "the handler gave no JSON answer")
 
     async def predict(request):  # type: ignore[no-untyped-def]
-        body = await http._body(request)
+        body = await http.read_body(request)
         instances = body.get("instances")
         if not isinstance(instances, list):
             raise APIError(400, "request body must include an array field named instances")
         if len(instances) > MAX_INSTANCES:
             raise APIError(400, f"instances array exceeds maximum size of {MAX_INSTANCES}")
         predictions = await asyncio.gather(*(one(request, i) for i in instances))
-        return http.web.json_response({"predictions": list(predictions)})
+        return http.json({"predictions": list(predictions)})
 
     router.add_post(route, predict)
     health = os.environ.get("AIP_HEALTH_ROUTE")

@@ -1,10 +1,12 @@
-"""Request bodies -> ``Job``s: parsing and validation of the OpenAI / llama.cpp request fields.
+"""Request bodies -> ``Job``s: every request field the step loop uses, parsed once, here.
 
 Everything here is checked on the event loop before anything is queued; what needs the model
 (tokenizing, the context size) is checked by the step loop (``loop.py``), which answers 400 the
 same way. A ``Job`` is one sequence to generate (a request with ``n`` choices or a list of
-prompts makes several) and carries every field the step loop uses, parsed (it never reads the
-body); the step loop reports back on its ``out`` queue.
+prompts makes several) and carries every field the step loop uses, parsed: the loop thread reads
+no request body (a chat job carries only the fields its template renders, ``TEMPLATE_FIELDS``);
+the step loop reports back on the job's ``out`` queue. Each API family (``api_*.py``) turns its
+own request shape into these calls.
 
 Errors: a check that fails raises ``APIError`` (4xx, its own message); a parser is a
 ``client_input`` function, so what Python raises on a value of a shape no check foresaw (a
@@ -28,11 +30,15 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from .. import errors
+from ..runtime.chat import json_schema_to_grammar
 
-__all__ = ["APIError", "Common", "Constraints", "Job", "Piece", "Progress", "Speculative", "answer_of", "check_model",
-           "client_input", "field_value", "from_engine_error", "make_jobs", "parse_body", "parse_common",
-           "parse_messages", "parse_prompts", "check_continuation"]
+__all__ = ["APIError", "Common", "Constraints", "IMAGE_REFUSED", "Job", "Piece", "Progress", "Speculative",
+           "TEMPLATE_FIELDS", "answer_of", "check_continuation", "check_model", "client_input", "constraint_options",
+           "field_value", "from_engine_error", "is_bool", "is_int", "make_jobs", "parse_body", "parse_chat",
+           "parse_common", "parse_constraints", "parse_jobs", "parse_messages", "parse_prompts", "template_input"]
 
+# llama-server's answer to an image (no multimodal projector here; a 400, where it answers 500)
+IMAGE_REFUSED = "image input is not supported - hint: if this is unexpected, you may need to provide the mmproj"
 INT32_MAX = 2**31 - 1  # the C API's int32 fields (max_tokens, top_k, n_max, ...)
 # what parsing a client's value can raise: a value of the wrong shape (ValueError, TypeError), one
 # nested too deeply for Python's recursion limit (RecursionError), a number too large (OverflowError)
@@ -124,7 +130,7 @@ class Speculative:
 @dataclass(frozen=True)
 class Constraints:
     """A request's constraints and probability fields, parsed on the event loop (the step loop only
-    resolves texts to tokens and clamps to the vocabulary: ``features.constraint_options``)."""
+    resolves texts to tokens and clamps to the vocabulary: ``constraint_options``)."""
 
     grammar: str | None = None        # GBNF: the client's, or its json_schema / response_format converted
     logit_bias: tuple[tuple[int | str, float], ...] = ()  # a token id or a text (all its tokens), the bias
@@ -170,7 +176,7 @@ class Job:
     piece_tokens: bool = False        # pieces carry token ids (llama.cpp's streamed ``tokens``)
     constraints: Constraints = Constraints()
     slot_request: int | None = None   # llama-server's ``id_slot`` (None: any free slot)
-    chat_request: dict | None = None  # an OpenAI chat request to render with the Jinja templates
+    template_input: dict | None = None  # a chat job: what the Jinja templates render (TEMPLATE_FIELDS)
     # -- set by the step loop
     seq_id: int = 0                   # the scheduler's sequence id (0: not queued yet)
     seed: int | None = None           # the seed it samples with
@@ -206,7 +212,8 @@ class Common:
     slot: int | None = None           # id_slot (None: any free slot)
 
 
-def _is_int(v: Any) -> bool:
+def is_int(v: Any) -> bool:
+    """An int, not a bool."""
     return isinstance(v, int) and not isinstance(v, bool)
 
 
@@ -219,10 +226,10 @@ def _is_num(v: Any) -> bool:
 
 def int_in(lo: int, hi: int) -> Callable[[Any], bool]:
     """A check for ``field_value``: an int in [lo, hi]."""
-    return lambda v: _is_int(v) and lo <= v <= hi
+    return lambda v: is_int(v) and lo <= v <= hi
 
 
-def _is_bool(v: Any) -> bool:
+def is_bool(v: Any) -> bool:
     return isinstance(v, bool)
 
 
@@ -294,7 +301,7 @@ def _speculative(body: dict) -> Speculative:
             if not _is_num(v) or not 0.0 <= v <= 1.0:
                 raise APIError(400, "'speculative.p_min' must be a number in [0, 1]")
             v = float(v)
-        elif not _is_int(v) or not 0 <= v <= INT32_MAX:
+        elif not is_int(v) or not 0 <= v <= INT32_MAX:
             raise APIError(400, f"'speculative.{name}' must be an int in [0, {INT32_MAX}]")
         values[name] = v
     spec = Speculative(**values)
@@ -325,7 +332,7 @@ def _sampling(body: dict, max_names: Sequence[str], defaults: dict) -> dict:
     if not 0.0 <= min_p <= 1.0:
         raise APIError(400, "'min_p' must be in [0, 1]")
     opts["min_p"] = float(min_p)
-    seed = field_value(body, ["seed"], _is_int, "an int", defaults.get("seed", -1))
+    seed = field_value(body, ["seed"], is_int, "an int", defaults.get("seed", -1))
     if not -1 <= seed < 2**63:
         raise APIError(400, "'seed' must be an int in [-1, 2**63)")
     opts["seed"] = None if seed == -1 else seed
@@ -339,7 +346,7 @@ def _sampling(body: dict, max_names: Sequence[str], defaults: dict) -> dict:
     else:
         raise APIError(400, "'stop' must be a string or a list of strings")
     opts["stop"] = tuple(s for s in stops if s)
-    opts["ignore_eos"] = field_value(body, ["ignore_eos"], _is_bool, "a boolean", False)
+    opts["ignore_eos"] = field_value(body, ["ignore_eos"], is_bool, "a boolean", False)
     return opts
 
 
@@ -351,12 +358,12 @@ def parse_common(body: dict, max_names: Sequence[str], defaults: dict | None = N
     check_model(body)
     options = _sampling(body, max_names, defaults or {})
     spec = _speculative(body)
-    n = field_value(body, ["n"], _is_int, "an int", 1)
+    n = field_value(body, ["n"], is_int, "an int", 1)
     if not 1 <= n <= 128:
         raise APIError(400, "'n' must be in 1..128")
-    stream = field_value(body, ["stream"], _is_bool, "a boolean", False)
-    cache_prompt = field_value(body, ["cache_prompt"], _is_bool, "a boolean", True)
-    slot = field_value(body, ["id_slot"], _is_int, "an int", -1)
+    stream = field_value(body, ["stream"], is_bool, "a boolean", False)
+    cache_prompt = field_value(body, ["cache_prompt"], is_bool, "a boolean", True)
+    slot = field_value(body, ["id_slot"], is_int, "an int", -1)
     if slot != -1 and not 0 <= slot < n_slots:
         raise APIError(400, f"Invalid id_slot {_shown(slot)} (0..{n_slots - 1})")
     return Common(options=options, spec=spec, n=n, stream=stream, cache_prompt=cache_prompt,
@@ -371,8 +378,8 @@ def _subprompt(value: Any, name: str) -> tuple[str, Any]:
     """One sequence's prompt: ("tokens", ids) or ("mixed", [str | id, ...]) (tokenized by the step loop)."""
     if isinstance(value, str):
         return "mixed", [value]
-    if isinstance(value, list) and value and all(_is_int(t) or isinstance(t, str) for t in value):
-        if all(_is_int(t) for t in value):
+    if isinstance(value, list) and value and all(is_int(t) or isinstance(t, str) for t in value):
+        if all(is_int(t) for t in value):
             return "tokens", list(value)
         return "mixed", list(value)
     if isinstance(value, dict) and "prompt_string" in value:
@@ -380,7 +387,7 @@ def _subprompt(value: Any, name: str) -> tuple[str, Any]:
             raise APIError(400, "Multimodal data provided, but model does not support multimodal requests.")
         inner = value["prompt_string"]
         if isinstance(inner, str) or (isinstance(inner, list) and inner and all(
-                _is_int(t) or isinstance(t, str) for t in inner)):
+                is_int(t) or isinstance(t, str) for t in inner)):
             return _subprompt(inner, name)
     raise APIError(400, PROMPT_FORMS.replace("'prompt'", f"'{name}'"))
 
@@ -390,7 +397,7 @@ def parse_prompts(value: Any, name: str = "prompt") -> list[tuple[str, Any]]:
     """A completion prompt as llama-server takes it: one sequence (a string, token ids, a mixed list
     of strings and ids, a ``{"prompt_string": ...}`` object), or a list of those (one choice each).
     A list holding any id is one sequence."""
-    if isinstance(value, list) and not any(_is_int(t) for t in value):
+    if isinstance(value, list) and not any(is_int(t) for t in value):
         if not value:
             raise APIError(400, f"'{name}' must not be empty")
         return [_subprompt(p, name) for p in value]
@@ -425,7 +432,7 @@ def parse_messages(value: Any) -> list[dict]:
 def check_continuation(body: dict, messages: list[dict]) -> None:
     """llama-server's checks of a final assistant message (a prefill to continue) and of
     ``add_generation_prompt`` / ``continue_final_message`` (400 where it refuses)."""
-    add_prompt = field_value(body, ["add_generation_prompt"], _is_bool, "a boolean", True)
+    add_prompt = field_value(body, ["add_generation_prompt"], is_bool, "a boolean", True)
     cont = body.get("continue_final_message")
     if cont is not None and not isinstance(cont, (bool, str)):
         raise APIError(400, "'continue_final_message' must be a boolean or a string")
@@ -448,3 +455,159 @@ def make_jobs(prompts: list[tuple[str, Any]], common: Common) -> tuple[list[Job]
             jobs.append(Job(index=p_i * common.n + j, prompt=prompt, kind=kind, options=opts, spec=common.spec,
                             cache_prompt=common.cache_prompt, out=out, slot_request=common.slot))
     return jobs, out
+
+
+# -- constraints: grammar, JSON schema, logit bias, token probabilities ------------------------------
+
+def _schema_grammar(schema: Any) -> str:
+    try:
+        return json_schema_to_grammar(schema)
+    except errors.InvalidArgumentError as exc:
+        raise APIError(400, str(exc)) from None
+
+
+def _logit_bias(value: Any) -> tuple[tuple[int | str, float], ...]:
+    """llama-server's forms: {"id": bias} (OpenAI), [[id, bias], ...], [["text", bias], ...];
+    a bias of false bans the token. Texts stay texts (the step loop tokenizes them)."""
+    pairs: list[tuple[Any, Any]]
+    if isinstance(value, dict):
+        pairs = list(value.items())
+    elif isinstance(value, list):
+        pairs = []
+        for item in value:
+            if not isinstance(item, list) or len(item) != 2:
+                raise APIError(400, "'logit_bias' entries must be [token or text, bias] pairs")
+            pairs.append((item[0], item[1]))
+    else:
+        raise APIError(400, "'logit_bias' must be an object or a list of [token, bias] pairs")
+    out: list[tuple[int | str, float]] = []
+    for key, bias in pairs:
+        if bias is False:
+            b = -math.inf
+        elif isinstance(bias, (int, float)) and not isinstance(bias, bool) and math.isfinite(bias):
+            b = float(bias)
+        else:
+            raise APIError(400, f"a logit bias must be a number or false, got {str(bias)[:80]}")
+        if isinstance(key, str) and not key.lstrip("-").isdigit():
+            out.append((key, b))  # a text: every one of its tokens
+            continue
+        try:
+            out.append((int(key), b))
+        except (TypeError, ValueError, OverflowError):
+            raise APIError(400, f"'logit_bias' key {str(key)[:80]} is not a token id") from None
+    return tuple(out)
+
+
+@client_input
+def parse_constraints(body: dict, *, chat: bool = False) -> Constraints:
+    """``grammar`` / ``json_schema`` / ``response_format`` (completion endpoints: converted to GBNF
+    here; a chat request's come from its template render, its own ``grammar`` is the fallback),
+    ``logit_bias``, ``n_probs`` / ``logprobs`` / ``top_logprobs`` and ``post_sampling_probs``."""
+    grammar = body.get("grammar")
+    if grammar is not None and not isinstance(grammar, str):
+        raise APIError(400, "'grammar' must be a string")
+    grammar = grammar or None
+    if not chat:
+        schema = body.get("json_schema")
+        if schema is not None and grammar:
+            raise APIError(400, "Cannot use both json_schema and grammar")
+        rf = body.get("response_format")
+        if isinstance(rf, dict) and schema is None:
+            kind = rf.get("type")
+            if kind == "json_object":
+                schema = rf.get("schema") or {"type": "object"}
+            elif kind == "json_schema":
+                inner = rf.get("json_schema") or {}
+                if not isinstance(inner, dict):
+                    raise APIError(400, "'response_format.json_schema' must be an object")
+                schema = inner.get("schema") or {"type": "object"}
+            elif kind not in (None, "text"):
+                raise APIError(400, f'response_format type must be one of "text" or "json_object", but got: '
+                                    f'{str(kind)[:80]}')
+        if schema is not None:
+            if isinstance(schema, dict) and not schema:
+                schema = {"type": "object"}
+            grammar = _schema_grammar(schema)
+    bias = _logit_bias(body["logit_bias"]) if body.get("logit_bias") is not None else ()
+    n_probs = body.get("n_probs")
+    if chat:
+        if body.get("logprobs"):
+            n_probs = body.get("top_logprobs")
+            n_probs = 20 if n_probs is None else n_probs
+        elif body.get("top_logprobs") is not None:
+            raise APIError(400, "top_logprobs requires logprobs to be set to true")
+    elif body.get("logprobs") is not None and n_probs is None and is_int(body.get("logprobs")):
+        n_probs = body["logprobs"]  # OpenAI /v1/completions: logprobs = number of candidates
+    if n_probs is not None and (not is_int(n_probs) or n_probs < 0):
+        raise APIError(400, "'n_probs' must be an int >= 0")
+    # llama-server reports the chosen token even with n_probs 0 once probabilities are asked for
+    post = body.get("post_sampling_probs")
+    if post is not None and not isinstance(post, bool):
+        raise APIError(400, "'post_sampling_probs' must be a boolean")
+    return Constraints(grammar=grammar, logit_bias=bias, n_probs=n_probs, post_sampling_probs=post,
+                       probs_per_piece=bool(body.get("n_probs")) or bool(body.get("logprobs")))
+
+
+def constraint_options(c: Constraints, n_vocab: int, tokenize) -> dict:  # type: ignore[no-untyped-def]
+    """SamplingOptions keywords of parsed constraints (on the step loop: texts of ``logit_bias``
+    tokenized, ids outside the vocabulary left out as llama-server does, ``n_probs`` clamped)."""
+    opts: dict[str, Any] = {}
+    if c.grammar:
+        opts["grammar"] = c.grammar
+    if c.logit_bias:
+        bias: list[tuple[int, float]] = []
+        for key, b in c.logit_bias:
+            bias += [(t, b) for t in (tokenize(key) if isinstance(key, str) else [key]) if 0 <= t < n_vocab]
+        opts["logit_bias"] = bias
+    if c.n_probs is not None:
+        opts["n_probs"] = min(c.n_probs, n_vocab)
+    if c.post_sampling_probs is not None:
+        opts["post_sampling_probs"] = c.post_sampling_probs
+    return opts
+
+
+# -- chat requests -----------------------------------------------------------------------------------
+
+# What the chat templates read of an OpenAI chat request (native/src/chat_request.cpp): a chat job
+# carries these, not the body.
+TEMPLATE_FIELDS = ("messages", "tools", "tool_choice", "parallel_tool_calls", "response_format", "json_schema",
+                   "grammar", "add_generation_prompt", "continue_final_message", "reasoning_format",
+                   "reasoning_effort", "chat_template_kwargs")
+
+
+def template_input(body: dict) -> dict:
+    """The fields of a chat request the Jinja templates render (tools, tool calls, reasoning,
+    response_format, template kwargs included)."""
+    return {k: body[k] for k in TEMPLATE_FIELDS if k in body}
+
+
+def parse_chat(body: dict, *, allow_empty: bool = False) -> list[dict]:
+    """A chat request's messages, checked (with llama-server's continuation rules)."""
+    if allow_empty and body.get("messages") == []:
+        messages: list[dict] = []
+    else:
+        messages = parse_messages(body.get("messages"))
+    check_continuation(body, messages)
+    return messages
+
+
+# -- jobs ------------------------------------------------------------------------------------------------
+
+def parse_jobs(body: dict, prompts: list[tuple[str, Any]], max_names: Sequence[str], defaults: dict, n_slots: int,
+               *, piece_tokens: bool = False, chat: bool = False) -> tuple[Common, list[Job], asyncio.Queue]:
+    """The jobs of a completion request (``prompts`` from ``parse_prompts``, or one ``("chat",
+    messages)``), every field the step loop needs parsed into them. ``defaults``: the server's
+    ``max_tokens`` / ``temperature`` / ``seed``; ``piece_tokens``: streamed pieces carry token ids."""
+    common = parse_common(body, max_names, defaults, n_slots)
+    constraints = parse_constraints(body, chat=chat)
+    jobs, out = make_jobs(prompts, common)
+    progress = common.stream and field_value(body, ["return_progress"], is_bool, "a boolean", False)
+    per_token = common.stream and field_value(body, ["timings_per_token"], is_bool, "a boolean", False)
+    rendered = template_input(body) if chat else None
+    for job in jobs:
+        job.return_progress = progress
+        job.timings_per_token = per_token
+        job.piece_tokens = piece_tokens and common.stream
+        job.constraints = constraints
+        job.template_input = rendered
+    return common, jobs, out

@@ -44,9 +44,8 @@ from ..runtime.generation import SamplingOptions
 from ..runtime.scheduler import SlotInfo
 from .command_line import ServerConfig, n_ctx_train
 from ..runtime.chat import json_schema_to_grammar
-from .features import constraint_options
 from .metrics import Metrics
-from .jobs import APIError, Job, Piece, Progress, Speculative, from_engine_error
+from .jobs import APIError, Job, Piece, Progress, Speculative, constraint_options, from_engine_error
 from .answers import timings_of
 from .text import detokenize, tokenize_mixed
 
@@ -198,7 +197,7 @@ class StepLoop:
             err = from_engine_error(exc)
             try:
                 if self.engine is not None and not self.sleeping:
-                    with self.engine.target._lock:
+                    with self.engine.target.lock:
                         self._fail_live(err)
                         self._snapshot()
                 self._flush()
@@ -224,14 +223,14 @@ class StepLoop:
             if c.warmup if warmup is None else warmup:  # one short generation on every slot
                 bos = max(engine.target.info.token_bos, 0)
                 engine.generate_batch([[bos]] * c.n_slots, max_tokens=2, temperature=0, ignore_eos=True)
-                with engine.target._lock:
+                with engine.target.lock:
                     for i in range(c.n_slots):  # the prompt caches start empty (the scheduler sees it)
                         engine.target.rollback(0, seq_id=i)
         except BaseException:
             engine.close()
             raise
         self.engine = engine
-        with engine.target._lock:
+        with engine.target.lock:
             self._snapshot()
 
     def _chat_templates(self, target):  # type: ignore[no-untyped-def]
@@ -278,7 +277,7 @@ class StepLoop:
         if self.sleeping and not self._wake(new, calls):
             return True
         stalled = False
-        with self.engine.target._lock:
+        with self.engine.target.lock:
             for fn, fut in calls:
                 try:
                     fut.set_result(fn(self.engine))
@@ -304,7 +303,7 @@ class StepLoop:
     def _sleep(self) -> None:
         """Free the models (the closed objects keep the facts the HTTP side reads)."""
         engine = self.engine
-        with engine.target._lock:
+        with engine.target.lock:
             if self.chat is not None:
                 self.chat.close()
             engine.close()
@@ -515,7 +514,7 @@ class StepLoop:
         """The job's prompt tokens, checked against the vocabulary and the slot's context."""
         target = self.engine.target
         if job.kind == "chat":
-            job.render, tokens = self.render_chat(job.chat_request or {"messages": job.prompt})
+            job.render, tokens = self.render_chat(job.template_input or {"messages": job.prompt})
         elif job.kind == "text":
             tokens = target.tokenize(job.prompt)
         elif job.kind == "mixed":  # as llama-server: BOS before a leading string, special tokens parsed
@@ -536,16 +535,16 @@ class StepLoop:
         # shift): generation stops when the context is full, finish_reason "length", truncated
         return tokens
 
-    def render_chat(self, request: dict) -> tuple[dict, list[int]]:
-        """A chat request's template render and its prompt tokens (this thread owns the templates)."""
-        render = self.chat.render(request)
+    def render_chat(self, template_input: dict) -> tuple[dict, list[int]]:
+        """A chat job's template render and its prompt tokens (this thread owns the templates)."""
+        render = self.chat.render(template_input)
         return render, self.engine.target.tokenize(render["prompt"], parse_special=True)
 
     def _spec_args(self, spec: Speculative) -> dict:
         """A job's speculative overrides as ``Scheduler.add`` arguments (validated as the Engine's)."""
         if self.engine.drafter is None:
             return {}
-        return self.engine._call_spec(spec.n_max, spec.n_min, spec.p_min)
+        return self.engine.spec_overrides(spec.n_max, spec.n_min, spec.p_min)
 
     def _shutdown(self) -> None:
         with self._cond:
@@ -563,7 +562,7 @@ class StepLoop:
         if engine is not None and self.sleeping:
             self._flush()
         elif engine is not None:
-            with engine.target._lock:
+            with engine.target.lock:
                 engine.scheduler.abandon(list(self._live))
                 self._live.clear()
             self._flush()

@@ -28,30 +28,13 @@ def tokenize_mixed(target: Any, pieces: Sequence[str | int], *, add_special: boo
 
 def token_bytes(target: Any, tokens: Sequence[int]) -> bytes:
     """The raw UTF-8 bytes of the tokens' pieces, special tokens rendered (no lossy decoding)."""
-    from ..runtime._bindings import ffi, lib
-
-    n = len(tokens)
-    if n == 0:
+    if not tokens:
         return b""
     bad = [t for t in tokens if not 0 <= t < target.info.n_vocab]
     if bad:
         from .jobs import APIError
         raise APIError(400, f"token id {bad[0]} is outside the vocabulary (0..{target.info.n_vocab - 1})")
-    array = ffi.new("int32_t[]", list(tokens))
-    size = 16 * n + 64
-    with target._lock:
-        for _ in range(2):
-            buf = ffi.new("char[]", size)
-            n_out = ffi.new("size_t *")
-            status = lib.dflash_target_detokenize(target._h(), array, n, True, buf, size, n_out)
-            if status == lib.DFLASH_ERR_BUFFER_TOO_SMALL:
-                size = n_out[0] + 1
-                continue
-            if status != lib.DFLASH_OK:
-                from ..runtime._bindings import check
-                check(status)
-            return ffi.unpack(buf, n_out[0])
-    raise RuntimeError("detokenize buffer kept growing")
+    return target.detokenize_bytes(tokens, render_special=True)
 
 
 def piece_json(target: Any, token: int) -> str | list[int]:
