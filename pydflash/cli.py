@@ -115,8 +115,21 @@ def cmd_convert(args: argparse.Namespace, rest: Sequence[str]) -> int:
     return convert_cli.main(list(rest))
 
 
+def version() -> str:
+    """The installed distribution's version (package metadata), else the package's ``__version__``."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("pydflash")
+    except metadata.PackageNotFoundError:  # a source tree on sys.path, never installed
+        from . import __version__
+
+        return __version__
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pydflash", description="DFlash2 speculative decoding for GGUF models")
+    parser.add_argument("--version", action="version", version=f"pydflash {version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     gen = sub.add_parser("generate", help="generate text from a prompt")

@@ -131,3 +131,17 @@ def test_console_scripts_resolve():
     for name, target in scripts.items():
         module, _, attr = target.partition(":")
         assert callable(getattr(importlib.import_module(module), attr)), name
+
+
+def test_version_and_typed_marker(capsys):
+    from importlib import metadata
+
+    from pydflash import __version__
+    from pydflash.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out == f"pydflash {__version__}\n"
+    assert metadata.version("pydflash") == __version__  # the metadata pyproject writes, and the package's
+    assert (PACKAGE / "py.typed").is_file()  # PEP 561: type checkers read the package's annotations
