@@ -1,6 +1,6 @@
 """Soak: `pydflash serve` under 8 concurrent clients for 1,000 requests (loopback only, bounded).
 
-    python benchmarks/soak_serve.py [--requests 1000] [--clients 8] [--no-drafter]
+    python benchmarks/soak_serve.py [--requests 1000] [--clients 8] [--drafter tiny|shipped|none] [--n-max 3]
 
 Requests rotate through /v1/completions, /v1/chat/completions and /completion, streaming and
 not, with max_tokens 8..16 and ignore_eos; every 10th streaming request is dropped by the
@@ -10,7 +10,9 @@ tokens than asked for: with ignore_eos every answer must be exactly max_tokens l
 
 Reported: failed requests, requests/s, the server's RSS sampled every 50 requests (growth after
 warm-up must be flat), and its thread count idle after warm-up vs idle at the end (no leak).
-The target is SmolLM2-135M, the drafter a tiny random DFlash2 made for it (--no-drafter: plain).
+The target is SmolLM2-135M; the drafter a tiny random DFlash2 made for it (``--drafter tiny``,
+the default), the DFlash2 drafter shipped for it (``--drafter shipped``), or none (plain), drafting
+``--n-max`` tokens per step (``auto``: the scheduler's choice).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from fixtures_tiny import smollm2_drafter_config, write_checkpoint  # noqa: E402
 from pydflash.tools.upstream_server import free_port, wait_healthy  # noqa: E402
 
+from pydflash import drafters  # noqa: E402
 from pydflash.fetch import registry as models  # noqa: E402
 from pydflash.formats.convert import convert  # noqa: E402
 
@@ -127,18 +130,28 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=1000)
     ap.add_argument("--clients", type=int, default=8)
     ap.add_argument("--warmup", type=int, default=100, help="requests before the baseline RSS/threads sample")
-    ap.add_argument("--no-drafter", action="store_true")
+    ap.add_argument("--drafter", choices=("tiny", "shipped", "none"), default="tiny")
+    ap.add_argument("--no-drafter", action="store_true", help="as --drafter none")
+    ap.add_argument("--n-max", default="3", help="--spec-draft-n-max of the server (default 3; auto)")
     ap.add_argument("-t", "--threads", type=int, default=1,
                     help="server threads (1: ggml's spinning pool collapses on a loaded 2-core machine)")
     args = ap.parse_args()
+    if args.no_drafter:
+        args.drafter = "none"
     target = models.resolve(args.model)
     tmp = Path(tempfile.mkdtemp(prefix="pydflash-soak-"))
     cmd = [sys.executable, "-m", "pydflash.cli", "serve", "-m", str(target), "-np", str(args.clients),
            "-c", str(512 * args.clients), "-t", str(args.threads), "--host", "127.0.0.1"]
-    if not args.no_drafter:
+    drafter_name = None
+    if args.drafter == "tiny":
         write_checkpoint(tmp / "hf", smollm2_drafter_config(block_size=4), seed=3)
         drafter = convert(tmp / "hf", tmp / "drafter.gguf", target_gguf=target, outtype="f16", progress=False)
-        cmd += ["-md", str(drafter), "--spec-type", "draft-dflash", "--spec-draft-n-max", "3"]
+        drafter_name = f"tiny random DFlash2 F16 (block 4, n_max {args.n_max})"
+    elif args.drafter == "shipped":
+        drafter = Path(drafters.__file__).parent / "smollm2-135m-instruct-dflash2.gguf"
+        drafter_name = f"shipped {drafter.name} (n_max {args.n_max})"
+    if drafter_name is not None:
+        cmd += ["-md", str(drafter), "--spec-type", "draft-dflash", "--spec-draft-n-max", str(args.n_max)]
     port = free_port()
     log = tmp / "server.log"
     with open(log, "wb") as log_file:
@@ -185,7 +198,7 @@ def main() -> None:
     after_warmup = [s["rss_mib"] for s in samples if s["requests"] > args.warmup]
     report = {
         "target": target.name,
-        "drafter": None if args.no_drafter else "tiny random DFlash2 F16 (block 4, n_max 3)",
+        "drafter": drafter_name,
         "clients": args.clients,
         "requests": args.requests,
         "outcomes": outcomes,
