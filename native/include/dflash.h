@@ -488,6 +488,14 @@ dflash_status dflash_drafter_target_layers(const dflash_drafter * drafter, const
  * the full vocabulary. Borrowed, valid as long as the drafter. */
 dflash_status dflash_drafter_draft_vocab(const dflash_drafter * drafter, const int32_t ** ids, int32_t * n);
 
+/* The drafter's measured acceptance profile (GGUF `dflash.acceptance_profile`, written by
+ * `pydflash drafter-profile`): rates[j] = P(draft j accepted | drafts before it accepted), greedy,
+ * on held-out prompts; *n_drafts (may be NULL): the drafts measured. *rates = NULL, *n = 0 when the
+ * file has none. Under auto n_max the scheduler takes it as its acceptance prior and prices a
+ * probe with it before anything was verified. Borrowed, valid as long as the drafter. */
+dflash_status dflash_drafter_acceptance_profile(const dflash_drafter * drafter, const float ** rates, int32_t * n,
+                                                int64_t * n_drafts);
+
 /* Append n feature rows [n x n_target_layers*n_embd] at positions[n] to the context. NaN
  * features become 0, others are clamped to +-65504. DFLASH_ERR_CONTEXT_FULL if they do not fit. */
 dflash_status dflash_drafter_inject(dflash_drafter * drafter, const float * features,

@@ -750,6 +750,19 @@ dflash_status dflash_drafter_draft_vocab(const dflash_drafter * drafter, const i
     });
 }
 
+dflash_status dflash_drafter_acceptance_profile(const dflash_drafter * drafter, const float ** rates, int32_t * n,
+                                                int64_t * n_drafts) {
+    return guarded([&] {
+        require(drafter && rates && n, "NULL argument");
+        const auto & hp = drafter->impl->hparams();
+        *rates = hp.acceptance.empty() ? nullptr : hp.acceptance.data();
+        *n = int32_t(hp.acceptance.size());
+        if (n_drafts) {
+            *n_drafts = hp.acceptance_drafts;
+        }
+    });
+}
+
 dflash_status dflash_drafter_inject(dflash_drafter * drafter, const float * features, const int32_t * positions,
                                     int32_t n_rows) {
     return guarded([&] {

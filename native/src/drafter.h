@@ -53,6 +53,10 @@ struct DrafterHparams {
     int32_t n_vocab = 0;
     // rows of the draft head: n_vocab, or the size of the reduced draft vocabulary (d2t)
     int32_t n_vocab_draft = 0;
+    // measured acceptance profile (optional, `dflash.acceptance_profile`): the probability that
+    // draft j is accepted given drafts 0..j-1 were, greedy, on held-out prompts; the drafts behind it
+    std::vector<float> acceptance;
+    int64_t acceptance_drafts = 0;
 
     bool    is_dflash2() const { return selector_top_k > 0; }
     int32_t n_feat() const { return n_embd * int32_t(target_layers.size()); }

@@ -117,6 +117,7 @@ struct DrafterLoader {
         hp.softcap         = meta.real(p + "final_logit_softcapping", 0.0f);
         hp.embedding_scale = meta.real(p + "embedding_scale", 1.0f);
         hp.selector_top_k  = int32_t(meta.integer(p + "selector_top_k", 0));
+        read_acceptance_profile(p);
         if (hp.is_dflash2()) {
             hp.conv_kernel   = int32_t(meta.integer(p + "conv_kernel_size"));
             hp.conv_group    = int32_t(meta.integer(p + "conv_group_size"));
@@ -151,6 +152,32 @@ struct DrafterLoader {
             fail(DFLASH_ERR_FORMAT, "'%s': invalid drafter dimensions (embd %d, layers %d, heads %d/%d, head_dim %d, "
                  "block %d; the block must be 1..%d)", path, hp.n_embd, hp.n_layer, hp.n_head, hp.n_head_kv, hp.head_dim,
                  hp.block_size, kMaxBlockSize);
+        }
+    }
+
+    // Optional measured acceptance profile (pydflash drafter-profile): one conditional rate per
+    // draft position (at most block_size - 1 of them), each in [0, 1], and the drafts behind it.
+    void read_acceptance_profile(const std::string & p) {
+        DrafterHparams & hp = d.hp_;
+        const std::string key = p + "acceptance_profile";
+        if (!meta.has(key)) {
+            return;
+        }
+        hp.acceptance = meta.real_array(key);
+        const size_t most = size_t(std::max(hp.block_size - 1, 1));
+        if (hp.acceptance.empty() || hp.acceptance.size() > std::min<size_t>(most, 64)) {
+            fail(DFLASH_ERR_FORMAT, "'%s': %s has %zu rates, expected 1..%zu (block_size - 1)", path, key.c_str(),
+                 hp.acceptance.size(), most);
+        }
+        for (size_t j = 0; j < hp.acceptance.size(); ++j) {
+            const float a = hp.acceptance[j];
+            if (!(std::isfinite(a) && a >= 0.0f && a <= 1.0f)) {
+                fail(DFLASH_ERR_FORMAT, "'%s': %s[%zu] = %g is not a probability", path, key.c_str(), j, double(a));
+            }
+        }
+        hp.acceptance_drafts = meta.integer(p + "acceptance_profile_drafts", 0);
+        if (hp.acceptance_drafts < 0) {
+            fail(DFLASH_ERR_FORMAT, "'%s': %sacceptance_profile_drafts is negative", path, p.c_str());
         }
     }
 

@@ -102,6 +102,25 @@ struct GgufMeta {
         return out;
     }
 
+    std::vector<float> real_array(const std::string & key) const {
+        const int64_t id = need(key);
+        if (gguf_get_kv_type(ctx, id) != GGUF_TYPE_ARRAY) {
+            fail(DFLASH_ERR_FORMAT, "'%s': '%s' is not an array", path.c_str(), key.c_str());
+        }
+        const gguf_type type = gguf_get_arr_type(ctx, id);
+        if (type != GGUF_TYPE_FLOAT32 && type != GGUF_TYPE_FLOAT64) {
+            fail(DFLASH_ERR_FORMAT, "'%s': '%s' is not a float array", path.c_str(), key.c_str());
+        }
+        const size_t n = gguf_get_arr_n(ctx, id);
+        const void * data = gguf_get_arr_data(ctx, id);
+        std::vector<float> out(n);
+        for (size_t i = 0; i < n; ++i) {
+            out[i] = type == GGUF_TYPE_FLOAT32 ? static_cast<const float *>(data)[i]
+                                               : float(static_cast<const double *>(data)[i]);
+        }
+        return out;
+    }
+
     size_t array_len(const std::string & key) const {
         const int64_t id = find(key);
         return id < 0 || gguf_get_kv_type(ctx, id) != GGUF_TYPE_ARRAY ? 0 : gguf_get_arr_n(ctx, id);

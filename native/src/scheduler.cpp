@@ -21,6 +21,34 @@ double ms_since(clock_type::time_point t0) {
     return std::chrono::duration<double, std::milli>(clock_type::now() - t0).count();
 }
 
+// One drafter block of max_width drafts after injecting two feature rows, as a step drafts
+// (best of two: the first may allocate), on context 0, which is left empty (the scheduler clears
+// a context before it serves a sequence anyway): the price of a draft before the loop ran one.
+double time_drafter_block(Drafter & d, int32_t max_width) {
+    const auto & hp = d.hparams();
+    if (d.info().n_ctx < 2) {
+        return -1.0;
+    }
+    const std::vector<float> zeros(size_t(2) * size_t(hp.n_embd), 0.0f);
+    const std::vector<const float *> taps(hp.target_layers.size(), zeros.data());
+    const int32_t pos[2] = {0, 1};
+    std::vector<BlockOutput> outs;
+    std::mt19937_64 rng(0);
+    double best = -1.0;
+    d.use_context(0);
+    for (int rep = 0; rep < 2; ++rep) {
+        d.crop(0);
+        const auto t0 = clock_type::now();
+        d.inject_taps(taps.data(), int32_t(taps.size()), pos, 2);
+        d.forward_blocks({{0, 0, 2}}, max_width + 1, outs);
+        d.select(outs.front(), 0.0f, rng);
+        const double t = ms_since(t0);
+        best = best < 0.0 ? t : std::min(best, t);
+    }
+    d.crop(0);
+    return best;
+}
+
 // Feature rows kept for a drafter that is not drafting: past this many they are injected anyway
 // (bounds host memory; injection is batched, so it costs little per row).
 constexpr int32_t kMaxPendingRows = 1024;
@@ -156,6 +184,15 @@ Scheduler::Scheduler(Target & target, Drafter * drafter, const SchedulerParams &
         tap_layers_ = drafter->hparams().target_layers;
     }
     target_.set_taps({});
+    // auto width with a drafter that carries a measured acceptance profile: the profile is the
+    // acceptance prior, and one timed block prices the first probe (no profile: probed blind)
+    if (drafter && params.n_max < 0 && !drafter->hparams().acceptance.empty()) {
+        policy_.set_profile(drafter->hparams().acceptance);
+        const double t_block = time_drafter_block(*drafter, max_width_);
+        if (t_block > 0.0) {
+            policy_.seed_draft(max_width_, t_block);
+        }
+    }
 }
 
 Scheduler::~Scheduler() = default;
@@ -785,18 +822,17 @@ void Scheduler::step(dflash_step_info * info) {
                 : auto_cands.empty() ? 0 : policy_.choose(auto_cands, &probe);
     }
 
-    // -- capture the target's features in this step's decode only when the drafter will use them
+    // -- capture the target's features in this step's decode when the drafter may use them. Under
+    // auto the capture stays on while speculation is off: switching it rebuilds the target's graph
+    // (SmolLM2-135M: 5-10 ms, over half a decode step, twice per probe), capturing costs nothing
+    // measurable per step, and a probe then drafts over every committed row.
     bool need_taps = false;
-    for (auto * s : prefilling) {  // prompt rows too: only if the drafter may draft soon
-        if (s->source && s->slot->kv_source == s->source) {
-            const bool fixed = s->req.n_max > 0 || params_.n_max > 0;
-            need_taps = need_taps || fixed || (params_.n_max < 0 && policy_.features_needed());
-        }
-    }
-    for (auto * s : decoding) {
-        if (s->source && s->slot->kv_source == s->source) {
-            const bool fixed = s->req.n_max > 0 || params_.n_max > 0;
-            need_taps = need_taps || fixed || (params_.n_max < 0 && (width > 0 || policy_.features_needed()));
+    for (const auto * group : {&prefilling, &decoding}) {
+        for (auto * s : *group) {
+            if (s->source && s->slot->kv_source == s->source) {
+                const bool fixed = s->req.n_max > 0 || params_.n_max > 0;
+                need_taps = need_taps || fixed || (params_.n_max < 0 && s->req.n_max != 0);
+            }
         }
     }
     need_taps = need_taps || capturing(prefilling) || capturing(decoding);

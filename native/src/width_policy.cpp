@@ -13,7 +13,13 @@ constexpr double kDecay = 0.998;        // global counts follow the workload (ha
 constexpr double kMargin = 1.02;        // speculation must beat plain decoding by 2 % to turn on
 constexpr int32_t kInitialProbes = 1;   // a probe right after the first plain step
 constexpr int32_t kFirstPeriod = 16, kMaxPeriod = 512;
-constexpr int32_t kWarmup = 8;          // steps of features captured before a probe
+// With a measured acceptance profile:
+constexpr double kProfileWeight = 4.0;  // the profile is worth this many observations (prompts differ)
+// c(1 + k) = 1 + kRowSlope * k before any verify was measured: cheaper than every CPU target
+// measured (SmolLM2 c(2) ~1.35, the 1.5B's c(8) 2.5-3 with pydflash's kernels), so a probe that
+// is priced out under it would not have paid on them either
+constexpr double kRowSlope = 0.15;
+constexpr double kColdProbeBar = 0.9;   // priced below this, no cold-start probe (only periodic ones)
 
 // running mean that follows recent samples (a busy spell on a shared machine fades out)
 void update_mean(double & mean, int32_t & n, double sample) {
@@ -44,6 +50,13 @@ WidthPolicy::WidthPolicy(int32_t max_width, int32_t max_rows)
     : max_width_(std::max(0, std::min(max_width, 15))), max_rows_(std::max(1, std::min(max_rows, 256))),
       t_rows_(size_t(max_rows_) + 1, 0.0), n_rows_(size_t(max_rows_) + 1, 0),
       t_draft_(size_t(max_width_) + 1, 0.0), n_draft_(size_t(max_width_) + 1, 0), global_(16) {}
+
+void WidthPolicy::set_profile(const std::vector<float> & rates) {
+    profile_.clear();
+    for (float a : rates) {
+        profile_.push_back(std::min(1.0, std::max(0.0, double(a))));
+    }
+}
 
 void WidthPolicy::observe_target(int32_t rows, double t_ms) {
     if (rows >= 1 && rows <= max_rows_ && t_ms > 0.0) {
@@ -127,12 +140,27 @@ double WidthPolicy::draft_ms(int32_t width) const {
     return -1.0;
 }
 
+double WidthPolicy::priced_target_ms(int32_t rows) const {
+    const double t = target_ms(rows);
+    if (t > 0.0 || n_rows_[1] == 0) {
+        return t;
+    }
+    int32_t lo = std::min(rows, max_rows_);  // the largest measured row count below
+    while (lo >= 1 && n_rows_[size_t(lo)] == 0) {
+        --lo;
+    }
+    return lo < 1 ? -1.0 : t_rows_[size_t(lo)] + kRowSlope * t_rows_[1] * double(rows - lo);
+}
+
 std::vector<double> WidthPolicy::alphas(const AcceptanceCounts * own) const {
     std::vector<double> a(size_t(max_width_) + 1, kPrior);
     double last = kPrior;
     for (int32_t j = 0; j < max_width_; ++j) {
         const double off = global_.offered[size_t(j)], acc = global_.accepted[size_t(j)];
-        if (off > 0.0) {
+        if (!profile_.empty()) {  // the measured rate of the position (past the profile: its last)
+            const double prior = profile_[std::min(size_t(j), profile_.size() - 1)];
+            last = (acc + prior * kProfileWeight) / (off + kProfileWeight);
+        } else if (off > 0.0) {
             last = (acc + kPrior * kPriorWeight) / (off + kPriorWeight);
         }
         double aj = last;  // a position never offered takes the last estimate
@@ -155,7 +183,7 @@ static double expected_tokens(const std::vector<double> & a, int32_t k) {
 }
 
 double WidthPolicy::throughput(const std::vector<Candidate> & seqs, const std::vector<std::vector<double>> & alphas,
-                               int32_t width) const {
+                               int32_t width, bool priced) const {
     int32_t rows = 0, n_drafting = 0;
     double tokens = 0.0;
     for (size_t i = 0; i < seqs.size(); ++i) {
@@ -164,7 +192,7 @@ double WidthPolicy::throughput(const std::vector<Candidate> & seqs, const std::v
         n_drafting += k > 0 ? 1 : 0;
         tokens += expected_tokens(alphas[i], k);
     }
-    const double t_target = target_ms(rows);
+    const double t_target = priced ? priced_target_ms(rows) : target_ms(rows);
     const double t_draft = width == 0 ? 0.0 : draft_ms(width);
     if (t_target <= 0.0 || t_draft < 0.0) {
         return -1.0;  // unknown
@@ -212,10 +240,25 @@ int32_t WidthPolicy::choose(const std::vector<Candidate> & seqs, bool * probe) {
     }
     // speculation does not pay by the estimates: probe now and then, the more rarely the further
     // the best width is from paying (a probe costs about what it misses)
+    bool priced = false;
+    if (best_probe_s <= 0.0 && !profile_.empty()) {  // nothing verified yet: price it with the profile
+        for (int32_t w = 1; w <= cap; ++w) {
+            const double s = throughput(seqs, alphas_of, w, true);
+            if (s > best_probe_s) {
+                best_probe_s = s;
+                best_probe = w;
+                priced = true;
+            }
+        }
+    }
     const double ratio = best_probe_s > 0.0 ? best_probe_s / plain : 1.0;
     base_period_ = ratio < 0.6 ? 128 : ratio < 0.85 ? 64 : kFirstPeriod;
     last_width_ = 0;
-    const bool initial = n_probes_ < kInitialProbes && steps_since_probe_ >= 2;
+    bool initial = n_probes_ < kInitialProbes && steps_since_probe_ >= 2;
+    if (initial && priced && ratio < kColdProbeBar) {
+        n_probes_ = kInitialProbes;  // priced out: no cold-start probe, only the periodic ones
+        initial = false;
+    }
     const int32_t period = std::max(probe_period_, base_period_);
     if (initial || steps_since_probe_ >= period) {
         if (!initial) {
@@ -226,11 +269,6 @@ int32_t WidthPolicy::choose(const std::vector<Candidate> & seqs, bool * probe) {
         return last_width_;
     }
     return 0;
-}
-
-bool WidthPolicy::features_needed() const {
-    return last_width_ > 0 || n_probes_ < kInitialProbes ||
-           steps_since_probe_ + kWarmup >= std::max(probe_period_, base_period_);
 }
 
 void WidthPolicy::save(dflash_tuning * out) const {

@@ -14,6 +14,12 @@
 // every verified draft (decaying counts; per sequence on top of the global estimate). While no
 // width beats plain decoding, a probe step (the best w >= 1) runs now and then, at first after the
 // first plain steps, then at a period that doubles each time a probe confirms "off".
+//
+// A drafter file may carry a measured acceptance profile (per-position rates on held-out prompts,
+// `pydflash drafter-profile`). It replaces the blind prior, and with the drafter's block time
+// measured once at load (seed_draft) and a cheap-verification model of the target's c(k) from its
+// measured one-row time, it prices the cold-start probe: a drafter that would not pay even at those
+// prices is not probed at once, only at the period its distance from paying sets.
 #pragma once
 
 #include "dflash.h"
@@ -44,6 +50,13 @@ public:
     // The width of the next step, and whether it is a probe.
     int32_t choose(const std::vector<Candidate> & seqs, bool * probe);
 
+    // The drafter's measured acceptance profile (rates[j]: draft j accepted given the earlier ones
+    // were): the prior of every position in place of kPrior, worth kProfileWeight observations.
+    void set_profile(const std::vector<float> & rates);
+    bool has_profile() const { return !profile_.empty(); }
+    // One drafter block of `width` drafts measured outside the loop (at load), as observe_draft.
+    void seed_draft(int32_t width, double t_ms) { observe_draft(width, t_ms); }
+
     // One decode step of `rows` target rows that took t_target_ms (no prefill rows in it).
     void observe_target(int32_t rows, double t_target_ms);
     // One drafter block of width w (w + 1 slots) plus its injections, for one sequence.
@@ -52,9 +65,6 @@ public:
     void observe_accept(int32_t n_offered, int32_t n_accepted);
     // A probe step finished: keep probing rarely if speculation still does not pay.
     void probe_done();
-    // Whether the target's features are worth capturing now: drafting is on, or a probe is near
-    // (the drafter then sees the latest rows). Capturing them costs a few % of a decode step.
-    bool features_needed() const;
 
     // Estimates (ms); negative when nothing is known yet.
     double target_ms(int32_t rows) const;
@@ -68,8 +78,10 @@ public:
     int32_t max_width() const { return max_width_; }
 
 private:
+    // priced: row counts never measured are priced by the cheap-verification model (profile only)
     double throughput(const std::vector<Candidate> & seqs, const std::vector<std::vector<double>> & alphas,
-                      int32_t width) const;
+                      int32_t width, bool priced = false) const;
+    double priced_target_ms(int32_t rows) const;
 
     int32_t max_width_, max_rows_;
     std::vector<double> t_rows_;   // running mean ms per row count (index = rows; 0 = unknown)
@@ -77,6 +89,7 @@ private:
     std::vector<double> t_draft_;  // per width (index = width)
     std::vector<int32_t> n_draft_;
     AcceptanceCounts global_;
+    std::vector<double> profile_;  // measured acceptance by position (empty: the blind prior)
     int32_t steps_since_probe_ = 0;
     int32_t probe_period_ = 16;   // grows while probes keep confirming "off"
     int32_t base_period_ = 16;    // from how far the best width is from paying

@@ -135,6 +135,12 @@ class Drafter(NativeObject):
         #: target ids of the draft head's rows ([N] int32), or None when it covers the full vocabulary
         self.draft_vocab: np.ndarray | None = (
             np.frombuffer(ffi.buffer(ids[0], 4 * n[0]), dtype=np.int32).copy() if n[0] else None)
+        rates, drafts = ffi.new("float **"), ffi.new("int64_t *")
+        check(lib.dflash_drafter_acceptance_profile(self._handle, rates, n, drafts))
+        #: measured acceptance by draft position (``pydflash drafter-profile``; () when the file has
+        #: none): the prior of ``auto`` n_max, which prices its first probe with it
+        self.acceptance_profile: tuple[float, ...] = tuple(float(rates[0][i]) for i in range(n[0]))
+        self.acceptance_profile_drafts = int(drafts[0])
 
 
     # -- context -------------------------------------------------------------------------------
