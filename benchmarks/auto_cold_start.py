@@ -1,8 +1,10 @@
 """Auto draft width vs plain decoding vs every fixed n_max, each generation in a fresh process.
 
-Issue #14 (c): ``auto-cold`` starts with nothing learned or cached (its own empty cache dir and
-``PYDFLASH_AUTOTUNE_CACHE=0``); ``auto-warm`` starts from what one earlier ``auto`` process with
-the same files saved; ``plain`` is ``--no-draft`` (no drafter loaded); ``n<k>`` fixes n_max = k.
+Issue #14 (c), #28 (5): ``auto-cold`` starts with nothing learned or cached (its own empty cache
+dir and ``PYDFLASH_AUTOTUNE_CACHE=0``), as the README's main command with its defaults;
+``auto-blind`` is the same with a copy of the drafter without its acceptance profile (the blind
+prior: probed at once); ``auto-warm`` starts from what one earlier ``auto`` process with the same
+files saved; ``plain`` is ``--no-draft`` (no drafter loaded); ``n<k>`` fixes n_max = k.
 Every (prompt, mode) runs in its own process, modes rotated per prompt, so no mode profits from
 another's warm caches; the ratio per prompt is taken against that prompt's plain run.
 
@@ -28,7 +30,8 @@ def worker(args: argparse.Namespace) -> None:
     from pydflash.fetch import prompt_sets as prompts
 
     prompt = prompts.load(args.prompts, limit=1, offset=args.offset + args.index)[0]
-    drafter = None if args.mode == "plain" else (args.model_draft or "auto")
+    drafter = None if args.mode == "plain" else args.blind_drafter if args.mode == "auto-blind" else (
+        args.model_draft or "auto")
     n_max: int | str = "auto" if args.mode.startswith("auto") else int(args.mode[1:]) if args.mode != "plain" else 0
     with Engine(args.model, drafter, n_ctx=args.ctx_size, n_threads=args.threads, n_max=n_max) as engine:
         text = prompt.render(engine.target)
@@ -53,6 +56,7 @@ def main() -> int:
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--mode", help=argparse.SUPPRESS)
     ap.add_argument("--index", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--blind-drafter", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
         worker(args)
@@ -68,7 +72,7 @@ def main() -> int:
 
     def run(mode: str, index: int) -> dict:
         env = dict(os.environ)
-        if mode == "auto-cold":
+        if mode in ("auto-cold", "auto-blind"):
             env.update(PYDFLASH_AUTOTUNE_CACHE="0", PYDFLASH_CACHE=str(cold_cache))
         elif mode == "auto-warm":
             env.update(PYDFLASH_AUTOTUNE_CACHE="1", PYDFLASH_CACHE=str(warm_cache))
@@ -87,6 +91,16 @@ def main() -> int:
         (cache / "models").mkdir(parents=True)
         for f in models.cache_dir().joinpath("models").glob("*.gguf"):
             (cache / "models" / f.name).symlink_to(f)
+    if "auto-blind" in modes:  # the drafter without its acceptance profile
+        from pydflash import Engine
+        from pydflash.formats.drafter_profile import write_profile
+
+        with Engine(args.model, args.model_draft or "auto", n_ctx=256, n_threads=1) as probe:
+            drafter_path = probe.drafter.path
+        base += ["--blind-drafter", str(write_profile(drafter_path, tmp / "blind-drafter.gguf", None))]
+    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                if ln.startswith("model name")), "unknown CPU")
+    load = os.getloadavg()[0]
     if "auto-warm" in modes:  # one earlier generation with the same files (not measured)
         env = dict(os.environ, PYDFLASH_AUTOTUNE_CACHE="1", PYDFLASH_CACHE=str(warm_cache))
         subprocess.run(base + ["--mode", "auto-warm", "--index", str(args.limit)], env=env, check=True,
@@ -112,9 +126,12 @@ def main() -> int:
                          "median_ratio": statistics.median(ratios) if ratios else None,
                          "min_ratio": min(ratios) if ratios else None, "equal_to_plain": f"{same}/{len(rs)}",
                          "drafted": sum(r["drafted"] for r in rs), "accepted": sum(r["accepted"] for r in rs)}
-    report = {"command": " ".join(sys.argv), "wall_s": round(time.time() - t0, 1), "summary": summary,
+    report = {"command": " ".join(sys.argv), "wall_s": round(time.time() - t0, 1), "cpu": cpu,
+              "threads": args.threads, "load_before": load, "summary": summary,
               "rows": [{k: v for k, v in r.items() if k != "tokens"} for r in rows]}
     lines = [f"Command: `{report['command']}` (wall {report['wall_s']} s)", "",
+             f"CPU: {cpu}, {args.threads} threads; 1-min load before the run {load:.2f}. Each (prompt, mode) "
+             "is a fresh process, modes rotated per prompt; ratios are per prompt against its plain run.", "",
              "| mode | median tok/s | median ratio vs plain | min ratio | greedy = plain | drafted | accepted |",
              "|---|---|---|---|---|---|---|"]
     for mode, s in summary.items():
@@ -122,6 +139,20 @@ def main() -> int:
         low = "" if s["min_ratio"] is None else f"{s['min_ratio']:.3f}"
         lines.append(f"| {mode} | {s['median_tok_s']:.1f} | {ratio} | {low} | {s['equal_to_plain']} | "
                      f"{s['drafted']} | {s['accepted']} |")
+    fixed = [m for m in modes if m.startswith("n") and m[1:].isdigit()]
+    if plain and fixed:  # prompts where a fixed n_max beats plain decoding: auto against the best of them
+        for mode in (m for m in modes if m.startswith("auto")):
+            vs = []
+            for i, p in plain.items():
+                best = max((r["tok_s"] for r in rows if r["index"] == i and r["mode"] in fixed), default=0.0)
+                mine = [r["tok_s"] for r in rows if r["index"] == i and r["mode"] == mode]
+                if best > p["tok_s"] and mine:
+                    vs.append(mine[0] / best)
+            summary[mode]["vs_best_fixed_where_one_pays"] = {"prompts": len(vs), "median": statistics.median(vs)
+                                                             if vs else None, "min": min(vs) if vs else None}
+            if vs:
+                lines.append(f"\n{mode} vs the best fixed n_max on the {len(vs)} prompt(s) where one beats plain: "
+                             f"median {statistics.median(vs):.3f}, min {min(vs):.3f}")
     print("\n".join(lines))
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
