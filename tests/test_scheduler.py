@@ -167,9 +167,14 @@ def test_prompt_cache_reuse_equals_cold_prefill(engine, smollm2):
     _tie_aware_equal(smollm2, follow, want, cold.tokens)
 
 
-def test_auto_width_never_changes_greedy_output(smollm2_path, smollm2, plain_of, monkeypatch):
+def test_auto_width_never_changes_greedy_output(smollm2_path, smollm2, plain_of, monkeypatch, tmp_path):
+    from pydflash.drafters import SHIPPED as SHIPPED_FILES
+    from pydflash.formats.drafter_profile import write_profile
+
     monkeypatch.setenv("PYDFLASH_AUTOTUNE_CACHE", "0")
-    with Engine(smollm2_path, SHIPPED, n_ctx=512, n_threads=2, n_seq_max=2) as e:
+    # without its acceptance profile the shipped drafter is probed at once (blind prior): auto drafts
+    blind = write_profile(SHIPPED_FILES[0].path, tmp_path / "blind.gguf", None)
+    with Engine(smollm2_path, blind, n_ctx=512, n_threads=2, n_seq_max=2) as e:
         assert e.scheduler.auto
         results = e.generate_batch(PROMPTS[:2], max_tokens=40, temperature=0, ignore_eos=True)
         single = e.generate(PROMPTS[3], max_tokens=40, temperature=0, ignore_eos=True)

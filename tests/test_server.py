@@ -770,8 +770,12 @@ def test_command_line_errors(capsys):
 def test_shipped_drafter_auto_busy_server_equals_plain_decoding(target_path, plain, tmp_path, monkeypatch):
     """The shipped drafter, n_max auto (the width chosen every step for the whole batch), 4 slots
     and 6 requests arriving over time (two wait for a slot): every answer is plain decoding's."""
+    from pydflash.formats.drafter_profile import write_profile
+
     monkeypatch.setenv("PYDFLASH_AUTOTUNE_CACHE", "0")
-    proc, base = _start(["-m", str(target_path), "-md", str(SHIPPED_DRAFTER), "-np", "4", "-c", str(4 * 256),
+    # without its acceptance profile the shipped drafter is probed at once (blind prior): auto drafts
+    blind = write_profile(SHIPPED_DRAFTER, tmp_path / "blind.gguf", None)
+    proc, base = _start(["-m", str(target_path), "-md", str(blind), "-np", "4", "-c", str(4 * 256),
                          "--metrics"], tmp_path / "auto-shipped.log")
     prompts = PROMPTS[:6]
     try:
