@@ -59,9 +59,31 @@ void WidthPolicy::set_profile(const std::vector<float> & rates) {
 }
 
 void WidthPolicy::observe_target(int32_t rows, double t_ms) {
-    if (rows >= 1 && rows <= max_rows_ && t_ms > 0.0) {
-        update_mean(t_rows_[size_t(rows)], n_rows_[size_t(rows)], t_ms);
+    if (rows < 1 || rows > max_rows_ || !(t_ms > 0.0)) {
+        return;
     }
+    // A step whose row count differs from the step before rebuilds the target's graph (llama.cpp
+    // reuses it only for the same shape): a probe pays that twice, sustained drafting never. So a
+    // multi-row step after a switch is kept back one step and recorded less what the switch back
+    // to one row then costs over a plain step; that switched plain step is no plain sample.
+    const bool switched = last_rows_ != 0 && rows != last_rows_;
+    last_rows_ = rows;
+    if (pending_rows_ > 0) {
+        const bool back = switched && rows == 1 && n_rows_[1] > 0;
+        const double t_switch = back ? std::max(0.0, t_ms - t_rows_[1]) : 0.0;
+        const double t_pending = std::max(pending_ms_ - t_switch, n_rows_[1] > 0 ? t_rows_[1] : 0.0);
+        update_mean(t_rows_[size_t(pending_rows_)], n_rows_[size_t(pending_rows_)], t_pending);
+        pending_rows_ = 0;
+        if (back) {
+            return;
+        }
+    }
+    if (switched && rows > 1) {
+        pending_rows_ = rows;
+        pending_ms_ = t_ms;
+        return;
+    }
+    update_mean(t_rows_[size_t(rows)], n_rows_[size_t(rows)], t_ms);
 }
 
 void WidthPolicy::observe_draft(int32_t width, double t_ms) {

@@ -94,6 +94,9 @@ private:
     int32_t probe_period_ = 16;   // grows while probes keep confirming "off"
     int32_t base_period_ = 16;    // from how far the best width is from paying
     int32_t last_width_ = 0;
+    int32_t last_rows_ = 0;        // rows of the last observed step
+    int32_t pending_rows_ = 0;     // a multi-row step after a shape switch, recorded one step later
+    double  pending_ms_ = 0.0;
     int32_t n_probes_ = 0;
     int32_t n_steps_ = 0;
 };
