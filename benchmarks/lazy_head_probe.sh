@@ -9,6 +9,6 @@ OUT=${TMPDIR:-/tmp}/lazy_head_probe
 c++ -O2 -std=c++17 "$ROOT/benchmarks/lazy_head_probe.cpp" -I"$SRC/include" -I"$SRC/ggml/include" \
     "$BUILD/src/libllama.a" "$BUILD/ggml/src/libggml.a" "$BUILD/ggml/src/libggml-cpu.a" \
     "$BUILD/ggml/src/libggml-base.a" -fopenmp -lpthread -ldl -o "$OUT"
-MODEL=$(python -c "import sys; from pydflash import models; print(models.path(sys.argv[1]))" "${1:-qwen2.5-coder-1.5b}")
+MODEL=$(python -c "import sys; from pydflash.fetch import registry as models; print(models.path(sys.argv[1]))" "${1:-qwen2.5-coder-1.5b}")
 shift || true
 "$OUT" "$MODEL" "$@"

@@ -23,7 +23,8 @@ class FailNative(importlib.abc.MetaPathFinder):
         return None
 
 sys.meta_path.insert(0, FailNative())
-from pydflash import NativeExtensionError, devices
+from pydflash import NativeExtensionError
+from pydflash.runtime import devices
 try:
     devices.devices()
 except NativeExtensionError as exc:

@@ -1,6 +1,6 @@
 """Training prompt sources, and the held-out HumanEval tasks training must never see.
 
-``load(spec)`` accepts what ``pydflash.prompts.load`` accepts (``humaneval``, ``gsm_symbolic``, a
+``load(spec)`` accepts what ``pydflash.fetch.prompt_sets.load`` accepts (``humaneval``, ``gsm_symbolic``, a
 ``.jsonl`` file, comma-joined) plus Python source trees on this machine, which give code prompts
 without any download:
 

@@ -126,7 +126,7 @@ def choose_draft_vocab(seqs: list[CapturedSequence], n_vocab: int, n: int, *, al
                        held_out: list[CapturedSequence] | None = None) -> tuple[np.ndarray, dict]:
     """The ``n`` target ids (ascending) the drafter's softmax keeps: ``always`` (end-of-generation
     ids), then by descending frequency among the training labels on the continuations, then by
-    prompt-token frequency, then by id (``pydflash.draft_vocab.choose``). Returns the ids and a
+    prompt-token frequency, then by id (``pydflash.formats.draft_vocab.choose``). Returns the ids and a
     report: the share of training labels each vocabulary size covers, and of ``held_out`` labels
     the chosen vocabulary covers (an out-of-sample estimate of what the drafter can draft)."""
     from ..formats.draft_vocab import TokenCounts, choose, coverage
@@ -159,7 +159,7 @@ def export_draft_vocab(files: Sequence[str | os.PathLike], target_gguf: str | os
                        report: dict | None = None) -> list[Path]:
     """Rewrite each exported full-vocabulary drafter GGUF in place as its reduced-vocabulary form
     (``d2t`` = ``ids``, own ``output.weight`` = those rows of the target's head:
-    ``pydflash.draft_vocab.write_reduced_drafter``), the vocabulary the drafter was trained with."""
+    ``pydflash.formats.draft_vocab.write_reduced_drafter``), the vocabulary the drafter was trained with."""
     from ..formats.draft_vocab import write_reduced_drafter
 
     extra: dict[str, float | str] = {"pydflash.draft_vocab.calibration": "training labels (pydflash train)"}
