@@ -35,9 +35,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from gguf import GGMLQuantizationType, GGUFValueType, GGUFWriter
+from gguf import GGMLQuantizationType, GGUFValueType
 
 from .convert import read_gguf_header
+from .gguf_rewrite import rewrite_gguf
 from .gguf_layout import ARCH
 
 __all__ = ["TokenCounts", "calibrate", "choose", "coverage", "load_prompts", "main", "write_reduced_drafter"]
@@ -175,41 +176,14 @@ def write_reduced_drafter(drafter_in: str | os.PathLike, out: str | os.PathLike,
         raise ValueError("draft vocabulary ids contain duplicates")
 
     row_bytes = head.nbytes // n_vocab
-    writer = GGUFWriter(path=None, arch=ARCH)
-    for key, kv in src.kv.items():
-        if key in ("general.architecture", "general.alignment"):
-            continue
-        writer.add_key_value(kv.key, kv.value, kv.type, kv.sub_type)
-    for key, value in (extra_metadata or {}).items():
-        writer.add_key_value(key, value, GGUFValueType.FLOAT32 if isinstance(value, float) else GGUFValueType.STRING)
-    kept = [t for name, t in src.tensors.items() if name != HEAD]
-    for t in kept:  # element shapes (torch order) + raw type: the bytes are copied unchanged
-        writer.add_tensor_info(t.name, tuple(reversed(t.ne)), np.dtype(np.float32), t.nbytes, raw_dtype=t.type)
-    writer.add_tensor_info(HEAD, (int(d2t.size), n_embd), np.dtype(np.float32), int(d2t.size) * row_bytes,
-                           raw_dtype=head.type)
-    writer.add_tensor_info(D2T, (int(d2t.size),), np.dtype(np.int64), d2t.nbytes, raw_dtype=GGMLQuantizationType.I64)
-
-    out = Path(out)
-    tmp = out.with_name(out.name + ".part")
-    try:
-        writer.write_header_to_file(tmp)
-        writer.write_kv_data_to_file()
-        writer.write_ti_data_to_file()
-        src_map = np.memmap(src.path, dtype=np.uint8, mode="r")
-        for t in kept:
-            writer.write_tensor_data(np.asarray(src_map[t.offset:t.offset + t.nbytes]))
-        tgt_map = np.memmap(tgt.path, dtype=np.uint8, mode="r")
-        rows = np.asarray(tgt_map[head.offset:head.offset + head.nbytes]).reshape(n_vocab, row_bytes)
-        writer.write_tensor_data(np.ascontiguousarray(rows[d2t]))
-        writer.write_tensor_data(d2t)
-        writer.flush()
-        writer.close()
-        os.replace(tmp, out)
-    except BaseException:
-        writer.close()
-        tmp.unlink(missing_ok=True)
-        raise
-    return out
+    tgt_map = np.memmap(tgt.path, dtype=np.uint8, mode="r")
+    rows = np.asarray(tgt_map[head.offset:head.offset + head.nbytes]).reshape(n_vocab, row_bytes)[d2t]
+    del tgt_map
+    extra = [(key, value, GGUFValueType.FLOAT32 if isinstance(value, float) else GGUFValueType.STRING)
+             for key, value in (extra_metadata or {}).items()]
+    return rewrite_gguf(src, out, add_kv=extra, drop_tensors=(HEAD,), add_tensors=[
+        (HEAD, (int(d2t.size), n_embd), np.float32, head.type, rows),
+        (D2T, (int(d2t.size),), np.int64, GGMLQuantizationType.I64, d2t)])
 
 
 # --- CLI -----------------------------------------------------------------------------------

@@ -26,9 +26,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-from gguf import GGUFValueType, GGUFWriter
+from gguf import GGUFValueType
 
 from .convert import read_gguf_header
+from .gguf_rewrite import rewrite_gguf
 from .gguf_layout import ARCH
 
 __all__ = ["PROFILE", "PROFILE_DRAFTS", "measure", "read_profile", "write_profile", "main"]
@@ -111,35 +112,9 @@ def write_profile(drafter_in: str | os.PathLike, out: str | os.PathLike | None, 
         rates = [float(a) for a in rates]
         if not rates or not all(0.0 <= a <= 1.0 for a in rates):
             raise ValueError(f"acceptance rates must be 1+ probabilities in [0, 1], got {rates}")
-    writer = GGUFWriter(path=None, arch=ARCH)
-    for key, kv in src.kv.items():
-        if key in ("general.architecture", "general.alignment", PROFILE, PROFILE_DRAFTS):
-            continue
-        writer.add_key_value(kv.key, kv.value, kv.type, kv.sub_type)
-    if rates is not None:
-        writer.add_key_value(PROFILE, rates, GGUFValueType.ARRAY, GGUFValueType.FLOAT32)
-        writer.add_key_value(PROFILE_DRAFTS, int(n_drafts), GGUFValueType.UINT32)
-    tensors = list(src.tensors.values())
-    for t in tensors:  # element shapes (torch order) + raw type: the bytes are copied unchanged
-        writer.add_tensor_info(t.name, tuple(reversed(t.ne)), np.dtype(np.float32), t.nbytes, raw_dtype=t.type)
-    out = Path(out if out is not None else drafter_in)
-    tmp = out.with_name(out.name + ".part")
-    try:
-        writer.write_header_to_file(tmp)
-        writer.write_kv_data_to_file()
-        writer.write_ti_data_to_file()
-        src_map = np.memmap(src.path, dtype=np.uint8, mode="r")
-        for t in tensors:
-            writer.write_tensor_data(np.asarray(src_map[t.offset:t.offset + t.nbytes]))
-        writer.flush()
-        writer.close()
-        del src_map
-        os.replace(tmp, out)
-    except BaseException:
-        writer.close()
-        tmp.unlink(missing_ok=True)
-        raise
-    return out
+    add = [] if rates is None else [(PROFILE, rates, GGUFValueType.ARRAY, GGUFValueType.FLOAT32),
+                                    (PROFILE_DRAFTS, int(n_drafts), GGUFValueType.UINT32)]
+    return rewrite_gguf(src, out if out is not None else drafter_in, drop_keys=(PROFILE, PROFILE_DRAFTS), add_kv=add)
 
 
 def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
