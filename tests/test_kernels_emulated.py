@@ -36,21 +36,28 @@ def _llama_cpp_tree() -> Path | None:
 
 
 def _build_isa_check(compiler: str, sources: list[str], out: Path, extra: list[str] = ()) -> Path:
-    """Builds tests/kernels/isa_check.cpp with dispatch + the scalar files + `sources` (kernel files)."""
+    """Builds tests/kernels/isa_check.cpp with dispatch + the scalar files + `sources` (kernel files).
+
+    One compiler process per file, all at once: the emulated builds are slow to compile and CI
+    has more than one core."""
     if shutil.which(compiler) is None:
         pytest.skip(f"{compiler} not installed")
     tree = _llama_cpp_tree()
     if tree is None:
         pytest.skip("no llama.cpp tree under .cache/llama-cpp-python-*/vendor (build the package first)")
-    files = ["dispatch.cpp", "kquant_scalar.cpp", "legacy_scalar.cpp", *sources]
-    cmd = [
-        compiler, "-std=c++17", "-O2", "-Wall", *extra,
-        f"-I{REPO / 'native' / 'src'}", f"-I{tree / 'ggml' / 'include'}",
-        str(REPO / "tests" / "kernels" / "isa_check.cpp"), *[str(KERNELS / f) for f in files],
-        "-o", str(out),
-    ]  # fmt: skip
+    files = [REPO / "tests" / "kernels" / "isa_check.cpp",
+             *[KERNELS / f for f in ["dispatch.cpp", "kquant_scalar.cpp", "legacy_scalar.cpp", *sources]]]
+    flags = [compiler, "-std=c++17", "-O2", "-Wall", *extra,
+             f"-I{REPO / 'native' / 'src'}", f"-I{tree / 'ggml' / 'include'}"]
+    objects = [out.with_name(f"{out.name}.{f.stem}.o") for f in files]
+    jobs = [(cmd, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+            for cmd in ([*flags, "-c", str(f), "-o", str(o)] for f, o in zip(files, objects))]
+    for cmd, job in jobs:
+        _, err = job.communicate(timeout=300)
+        assert job.returncode == 0, f"build failed: {' '.join(cmd)}\n{err}"
+    cmd = [*flags, *map(str, objects), "-o", str(out)]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, f"build failed: {' '.join(cmd)}\n{r.stderr}"
+    assert r.returncode == 0, f"link failed: {' '.join(cmd)}\n{r.stderr}"
     return out
 
 

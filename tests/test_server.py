@@ -426,10 +426,10 @@ def test_busy_server_output_equals_alone_whatever_the_arrival_order(server, alon
 
 
 def test_a_short_request_is_not_held_behind_a_long_one(server, alone, plain):
-    """While a 300-token generation runs, an 8-token request gets its first token at the next
+    """While a 128-token generation runs, an 8-token request gets its first token at the next
     steps and finishes within a bounded number of steps (independent of the long one's length),
     long before the long one ends."""
-    long_prompt, n_long = "Tell me a long story about a dragon.", 300
+    long_prompt, n_long = "Tell me a long story about a dragon.", 128
     short_prompt, n_short = PROMPTS[3], 8
     long_out: dict = {}
 
@@ -720,10 +720,8 @@ def test_bad_input_is_a_4xx_and_the_server_keeps_serving(server, path, body, sta
 
 
 def test_bad_input_through_the_openai_client(server, client):
-    # max_tokens past the slot's context is not an error (llama-server without context shift):
-    # the answer stops at the full context
-    out = client.completions.create(model=ALIAS, prompt="hi", max_tokens=10 * N_CTX_SLOT, temperature=0)
-    assert out.choices[0].finish_reason in ("length", "stop") and out.usage.completion_tokens < N_CTX_SLOT + 1
+    # (max_tokens past the slot's context, which is not an error, is compared with llama-server in
+    # test_server_compat.py::test_max_tokens_past_the_context_stops_at_the_context)
     with pytest.raises(openai.BadRequestError, match="context"):
         client.chat.completions.create(model=ALIAS, messages=[{"role": "user", "content": "hi " * 2 * N_CTX_SLOT}],
                                        max_tokens=2)
@@ -876,6 +874,7 @@ def test_auto_n_max_server_switches_a_losing_drafter_off(target_path, drafter_pa
         _stop(proc)
     for p, out in zip(PROMPTS[:3], outs):
         _assert_same_greedy_text(plain, plain.tokenize(p), reference(p), out["content"], what=p)
-    # switched off after the cold-start probe: at most an occasional re-probe drafts again
-    assert outs[-1]["timings"]["draft_n"] <= 2
+    # switched off after the cold-start probe: at most an occasional re-probe drafts again (probes
+    # are 16+ steps apart and pick their width by timings, so a few drafted tokens, never most)
+    assert outs[-1]["timings"]["draft_n"] <= N_TOKENS // 3
     assert outs[-1]["generation_settings"]["speculative.n_max"] == 0  # the width it ran with most
