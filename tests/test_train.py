@@ -289,6 +289,10 @@ def test_held_out_humaneval_is_never_loaded(tmp_path):
     path.write_text('{"id": "HumanEval/131", "prompt": "a"}\n{"id": "HumanEval/140", "prompt": "b"}\n')
     assert [p.id for p in prompts.load(str(path))] == ["HumanEval/131"]
     assert "HumanEval/163" in HELD_OUT_HUMANEVAL and "HumanEval/131" not in HELD_OUT_HUMANEVAL
+    # chat:SOURCE wraps the same prompts as user messages, held-out ones still dropped
+    chat = prompts.load(f"chat:{path}")
+    assert [p.id for p in chat] == ["chat/HumanEval/131"]
+    assert chat[0].messages[0]["role"] == "user" and "a" in chat[0].messages[0]["content"]
 
 
 def test_export_convert_load_matches_the_torch_model(small_cache, smollm2_path, tmp_path):

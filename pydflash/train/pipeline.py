@@ -203,7 +203,7 @@ def build_parser(prog: str = "pydflash train") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, description="train a DFlash2 drafter from a GGUF target (torch extra)")
     p.add_argument("--target", required=True, help="target GGUF path or a `pydflash models` name")
     p.add_argument("--prompts", default="humaneval,stdlib",
-                   help="prompt sources: humaneval, gsm_symbolic, stdlib, *.jsonl (comma-separated; "
+                   help="prompt sources: humaneval, gsm_symbolic, stdlib, pysrc:PKG, chat:SOURCE, *.jsonl (comma-separated; "
                         "held-out HumanEval/132..163 are always excluded)")
     p.add_argument("--limit", type=int, default=None, help="prompts per source")
     p.add_argument("--out", required=True, help="run directory (cache, checkpoint, logs, exports)")

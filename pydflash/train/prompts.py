@@ -11,6 +11,10 @@ without any download:
   function header + docstring (``doc``), a function cut after the first lines of its body with
   the module's imports above it (``body``), and a class header + docstring (``class``).
 
+* ``chat:SOURCE`` (e.g. ``chat:stdlib``, ``chat:humaneval``): each prompt of SOURCE as a user
+  message asking for the code, rendered with the target's chat template, so the drafter also
+  learns the answers an instruct model writes (prose, Markdown fences) to code requests.
+
 Every prompt whose id is a held-out HumanEval task is dropped. The packages the shipped recipe
 uses (docs/training.md) are permissively licensed: the standard library (PSF), numpy, networkx,
 sympy, jinja2 and torch (BSD).
@@ -160,10 +164,33 @@ def _jsonl(path: Path) -> list[TrainPrompt]:
     return out
 
 
+#: the chat requests of ``chat:SOURCE``, picked per prompt (by its id) so the wording varies
+_CHAT_ASKS = (
+    "Complete the following Python code.\n\n```python\n{code}```",
+    "Implement this function:\n\n```python\n{code}```",
+    "{code}\nWrite the body of the code above.",
+    "Can you finish this Python snippet and explain it briefly?\n\n```python\n{code}```",
+)
+
+
+def _as_chat(prompts: list[TrainPrompt]) -> list[TrainPrompt]:
+    out = []
+    for p in prompts:
+        if p.messages or not p.text.strip():
+            continue
+        ask = _CHAT_ASKS[sum(p.id.encode()) % len(_CHAT_ASKS)]
+        out.append(TrainPrompt(f"chat/{p.id}", messages=({"role": "user", "content": ask.format(code=p.text)},)))
+    return out
+
+
 def load(spec: str, *, limit: int | None = None) -> list[TrainPrompt]:
     """Prompts of comma-separated sources (``limit`` per source), held-out HumanEval removed."""
     out: list[TrainPrompt] = []
     for part in (p.strip() for p in spec.split(",") if p.strip()):
+        if part.startswith("chat:"):
+            inner = part.split(":", 1)[1]
+            out.extend(_as_chat(load(inner, limit=limit)))  # the inner load drops the held-out tasks
+            continue
         if part == "stdlib":
             got = _stdlib(limit)
         elif part.startswith("pysrc:"):
