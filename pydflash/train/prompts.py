@@ -17,7 +17,8 @@ without any download:
 
 Every prompt whose id is a held-out HumanEval task is dropped. The packages the shipped recipe
 uses (docs/training.md) are permissively licensed: the standard library (PSF), numpy, networkx,
-sympy, jinja2 and torch (BSD).
+sympy, jinja2, torch, scipy, flask, click, werkzeug and pygments (BSD), requests and
+sortedcontainers (Apache-2.0), rich and attrs (MIT), matplotlib (PSF-based).
 """
 
 from __future__ import annotations
