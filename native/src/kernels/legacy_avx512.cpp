@@ -10,6 +10,11 @@
 // prepared once per call).
 #include "kernels.h"
 
+// Standard headers before the target pragma: under it, gcc 13 compiles their always_inline members
+// for AVX-512 and then refuses to inline them into the untargeted callers ("target specific option
+// mismatch"). Only intrinsic headers belong inside.
+#include <vector>
+
 #if defined(DFLASH_KERNELS_X86)
 
 #if !defined(DFLASH_KERNELS_EMULATED_AVX512)
@@ -24,8 +29,6 @@
 #endif
 
 #include "avx512_common.h"
-
-#include <vector>
 
 namespace dflash::kern::avx512 {
 
