@@ -54,6 +54,22 @@ struct MatMulArgs {
 
 constexpr int kMaxRows = 16;
 
+// Software prefetch of the weight stream. One core's stream of weight rows does not reach DRAM
+// speed on the hardware prefetchers alone (measured on a 2-vCPU AVX-512 Xeon VM: the
+// Qwen2.5-Coder-1.5B one-row step 71.8 ms -> 45.0 ms with the lines 1 KiB ahead fetched, ggml's
+// own 61 ms; 2 KiB gave the same). Call once per block (or block pair) read, in address order:
+// consecutive calls then cover every line of the stream once, kPrefetchAhead bytes early.
+constexpr int64_t kPrefetchAhead = 1024;
+
+template <int kBytes>
+inline void prefetch_ahead(const uint8_t * blk) {
+#if defined(__GNUC__) || defined(__clang__)
+    for (int o = 0; o < kBytes; o += 64) __builtin_prefetch(blk + kPrefetchAhead + o, 0, 3);
+#else
+    (void) blk;  // MSVC: the hardware prefetchers alone
+#endif
+}
+
 using MatMulFn = void (*)(const MatMulArgs & args);
 using QuantFn  = void (*)(const float * x, uint8_t * row, int64_t K);
 

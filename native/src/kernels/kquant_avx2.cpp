@@ -114,6 +114,7 @@ inline void group_rows(const uint8_t * wr, int64_t nb, const uint8_t * const * a
     for (int g = 0; g < G; ++g) accf[g] = _mm256_setzero_ps();
     const int64_t bs_off = K + (K / 256) * 4;
     for (int64_t b = 0; b < nb; ++b) {
+        prefetch_ahead<kBlockBytes>(wr + b * kBlockBytes);
         head<k>(wr + b * kBlockBytes, h);
         if constexpr (k != KQ::q6) {
             // mins (odd entries of mexp, int16) -> dmin * m as 8 floats
@@ -200,6 +201,7 @@ inline void one_row(const uint8_t * wr, int64_t nb, const uint8_t * arow, int64_
     __m256        accf   = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; ++b) {
         const uint8_t * blk = wr + b * kBlockBytes;
+        prefetch_ahead<kBlockBytes>(blk);
         const int8_t *  a   = reinterpret_cast<const int8_t *>(arow) + b * 256;
         __m256i         s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
         float           d;
@@ -312,7 +314,6 @@ void matmul_kq(const MatMulArgs & A) {
     __m256 accf[kGroup];
     for (int64_t r = A.r0; r < A.r1; ++r) {
         const uint8_t * wr = A.w + r * A.w_row_bytes;
-        _mm_prefetch(reinterpret_cast<const char *>(wr + 2 * A.w_row_bytes), _MM_HINT_T0);
         int             j0 = 0;
         for (int gi = 0; gi < n_groups; ++gi) {
             const int G = (A.n - j0) / (n_groups - gi);

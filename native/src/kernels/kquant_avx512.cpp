@@ -126,6 +126,7 @@ inline void group_rows(const uint8_t * wr, int64_t nb, const uint8_t * const * a
     for (int g = 0; g < G; ++g) accf[g] = _mm512_setzero_ps();
     Head h;
     for (int64_t b = 0; b < nb; ++b) {
+        prefetch_ahead<kBlockBytes>(wr + b * kBlockBytes);
         head<k>(wr + b * kBlockBytes, h, wmin + b * 8);
         __m512i isum[G];
         DFLASH_UNROLL
@@ -203,7 +204,6 @@ void matmul_kq(const MatMulArgs & A) {
     float out[kMaxRows];
     for (int64_t r = A.r0; r < A.r1; ++r) {
         const uint8_t * wr = A.w + r * A.w_row_bytes;
-        _mm_prefetch(reinterpret_cast<const char *>(wr + 2 * A.w_row_bytes), _MM_HINT_T0);
         int j0 = 0;
         for (int gi = 0; gi < n_groups; ++gi) {
             const int G = (A.n - j0) / (n_groups - gi);

@@ -114,6 +114,7 @@ inline void rows_all(const uint8_t * wr, int64_t nb, const uint8_t * const * aro
     for (int g = 0; g < G; ++g) accf[g] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; ++b) {
         const uint8_t * blk = wr + b * kBytes;
+        prefetch_ahead<kBytes>(blk);
         const float     dw  = h2f(blk);
         take_coef<kKind>(blk, dw, coef, b);
         rows_block<G, kKind>(unpack<kKind>(blk), dw, arow, K, b, accf);

@@ -120,6 +120,7 @@ inline void rows_all(const uint8_t * wr, int64_t nb, const Prepared & P, int j0,
     const __m512i u128 = _mm512_set1_epi8(char(0x80));
     for (int64_t b = 0; b < nb; b += 2) {
         const uint8_t * ba  = wr + b * kBytes;
+        prefetch_ahead<2 * kBytes>(ba);
         const uint8_t * bb  = b + 1 < nb ? ba + kBytes : nullptr;
         const __m512i   w   = wvec2<k>(ba, bb);
         // start every row's sums at -128 * sum(w) per lane: then vpdpbusd leaves sum a * w
@@ -184,7 +185,6 @@ void matmul_legacy(const MatMulArgs & A) {
     float out[kMaxRows];
     for (int64_t r = A.r0; r < A.r1; ++r) {
         const uint8_t * wr = A.w + r * A.w_row_bytes;
-        _mm_prefetch(reinterpret_cast<const char *>(wr + 2 * A.w_row_bytes), _MM_HINT_T0);
         // all rows in one group: 16 float accumulators + weights, offsets, scales fit 32 registers
         rows_dispatch<k>(A.n, wr, nb, P, 0, out, coef.data(), arow, A.K);
         for (int j = 0; j < A.n; ++j) A.c[j * A.c_row_floats + r] = out[j];
