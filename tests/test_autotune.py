@@ -127,9 +127,11 @@ def test_engine_auto_remembers_what_it_learned(smollm2_path, random_drafter, mon
         first = engine.generate("def add(a, b):", max_tokens=24, temperature=0)
     assert first.stats.n_drafted > 0
     assert list((tmp_path / "autotune").glob("tuning-*.json"))
+    # a cold engine probes within its first few steps (after the post-prefill warm-up); a warm
+    # one only at its periodic re-probe, 16 steps on at the earliest
     with Engine(smollm2_path, random_drafter, n_ctx=512, n_threads=2) as engine:
-        again = engine.generate("def add(a, b):", max_tokens=24, temperature=0)
-    assert again.stats.n_drafted == 0 and again.tokens == first.tokens
+        again = engine.generate("def add(a, b):", max_tokens=12, temperature=0)
+    assert again.stats.n_drafted == 0 and again.tokens == first.tokens[:12]
 
 
 def test_engine_fixed_n_max_bypasses_autotuning(smollm2_path, random_drafter):

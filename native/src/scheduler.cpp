@@ -902,8 +902,12 @@ void Scheduler::step(dflash_step_info * info) {
     const double verify_ms = ms_since(t_verify);
     info->t_verify_ms = verify_ms;
     const int32_t n_prefill_rows = int32_t(rows_.size()) - n_decode_rows;
-    if (n_prefill_rows == 0 && params_.n_max < 0) {
-        policy_.observe_target(n_decode_rows, verify_ms);
+    if (params_.n_max < 0) {
+        if (n_prefill_rows == 0) {
+            policy_.observe_target(n_decode_rows, verify_ms);
+        } else {
+            policy_.observe_prefill();
+        }
     }
 
     // -- accept, per decoding sequence

@@ -59,6 +59,8 @@ public:
 
     // One decode step of `rows` target rows that took t_target_ms (no prefill rows in it).
     void observe_target(int32_t rows, double t_target_ms);
+    // A step with prefill rows ran: the next decode steps are warming up (not recorded).
+    void observe_prefill();
     // One drafter block of width w (w + 1 slots) plus its injections, for one sequence.
     void observe_draft(int32_t width, double t_ms);
     // One verified draft: n_offered drafts, the first n_accepted accepted.
@@ -98,6 +100,7 @@ private:
     int32_t pending_rows_ = 0;     // a multi-row step after a shape switch, recorded one step later
     double  pending_ms_ = 0.0;
     int32_t n_probes_ = 0;
+    int32_t warmup_left_ = 0;      // decode steps after a prefill still to leave unrecorded
     int32_t n_steps_ = 0;
 };
 
