@@ -240,7 +240,10 @@ class Trainer:
         self.history: list[dict] = []
         self.weights = slot_weights(model.config.block_size, settings.gamma)
         self._val_batch: Batch | None = None
-        self.bf16 = settings.autocast == "bf16" or (settings.autocast == "auto" and cpu_has_fast_bf16())
+        # "auto" autocasts float32 training only: a float64 model (the reference checks) stays exact,
+        # and bf16 autocast inside it would hand float32 activations to float64 layers
+        float32_model = next(model.parameters()).dtype == torch.float32
+        self.bf16 = settings.autocast == "bf16" or (settings.autocast == "auto" and float32_model and cpu_has_fast_bf16())
         self.draft_vocab_report: dict = {}
         ids = None
         if 0 < settings.draft_vocab < n_vocab:
