@@ -105,7 +105,7 @@ dflash_status dflash_add_rpc_server(const char * endpoint);
  * target (or CPU drafter) loaded while they are on places its Q4_K/Q5_K/Q6_K/Q8_0/Q5_0/Q4_1/Q4_0
  * mat-mul weights there; other weights and shapes run through ggml's own kernels.
  * Environment: PYDFLASH_KERNELS=0 (off for models loaded from then on), PYDFLASH_KERNELS_ISA=
- * scalar|avx2|avx512|neon|auto, PYDFLASH_KERNELS_MAX_ROWS=N (larger batches go to ggml; default 64).
+ * scalar|avx2|avx512|neon|auto, PYDFLASH_KERNELS_MAX_ROWS=N (larger batches go to ggml; default 512, scalar 64; attention at most 64).
  * The attention of those models (fp16 KV cache, up to that many tokens) runs through our
  * multi-query kernel too: every query sharing a KV head in one pass over the cache, each row
  * bit-identical whatever the batch; PYDFLASH_KERNELS_ATTN=0 leaves it to ggml.

@@ -3,8 +3,9 @@
 On by default wherever the CPU has a SIMD path (AVX2, AVX-512 VNNI, arm64 dot-product; a
 scalar-only CPU keeps ggml's): targets (and CPU drafters) loaded while the kernels are on keep
 their Q4_K/Q5_K/Q6_K/Q8_0/Q5_0/Q4_1/Q4_0 mat-mul weights in the kernels' ggml-cpu buffer type;
-batches of up to PYDFLASH_KERNELS_MAX_ROWS rows (default 64) then run through them, everything
-else (prefill) through ggml's kernels. ``PYDFLASH_KERNELS=0`` (``off``, ``false``, ``no``): ggml's
+batches of up to PYDFLASH_KERNELS_MAX_ROWS rows (default 512, a whole default ubatch: prefill
+too; 64 on the scalar path; our attention takes at most 64 query rows) then run through them,
+larger batches through ggml's kernels. ``PYDFLASH_KERNELS=0`` (``off``, ``false``, ``no``): ggml's
 stock kernels for models loaded afterwards, whose output is then llama.cpp's bit for bit (ours
 round activations their own way, so greedy text can part from llama.cpp's at near-ties, while
 speculative decoding stays exactly plain decoding's on the same kernels); ``PYDFLASH_KERNELS=1``
