@@ -161,20 +161,7 @@ std::atomic<int> g_active{-1};
 const TypeKernels k_scalar[] = DFLASH_TABLE(scalar);
 #if defined(DFLASH_KERNELS_X86)
 const TypeKernels k_avx2[]   = DFLASH_TABLE(avx2);
-// Q4_1 on AVX-512 machines takes the AVX2 kernel: its one-row loop (two weight rows at a time)
-// is faster there for the rows that matter on a CPU (measured on a 2-vCPU AVX-512 VNNI Xeon,
-// SmolLM2-135M Q4_1, two interleaved runs: one-row step 7.6 vs 8.4-8.6 ms, 2-4 rows the same
-// within noise; the AVX-512 kernel is ahead only from ~8 rows, 19.4 vs 20.9 ms). One kernel per
-// type for every row count, so a verify row still equals the one-row step bit for bit.
-const TypeKernels k_avx512[] = {
-    DFLASH_ROW(avx512, GGML_TYPE_Q4_K, 256, Act::a256, q4_K),
-    DFLASH_ROW(avx512, GGML_TYPE_Q5_K, 256, Act::a256, q5_K),
-    DFLASH_ROW(avx512, GGML_TYPE_Q6_K, 256, Act::a256, q6_K),
-    DFLASH_ROW(avx512, GGML_TYPE_Q4_0, 32, Act::a32, q4_0),
-    DFLASH_ROW(avx2, GGML_TYPE_Q4_1, 32, Act::a32, q4_1),
-    DFLASH_ROW(avx512, GGML_TYPE_Q5_0, 32, Act::a32, q5_0),
-    DFLASH_ROW(avx512, GGML_TYPE_Q8_0, 32, Act::a32, q8_0),
-};
+const TypeKernels k_avx512[] = DFLASH_TABLE(avx512);
 #endif
 #if defined(DFLASH_KERNELS_ARM64)
 const TypeKernels k_neon[] = DFLASH_TABLE(neon);
