@@ -102,6 +102,9 @@ LOCAL_DEVICES = [d.name for d in devices.devices() if d.kind in ("cpu", "gpu", "
 def test_drafter_on_each_local_device_matches_the_reference(device, dflash2, smollm2_path, smol_target):
     gguf, ref = dflash2
     feats = random_context(48, seed=9)
+    # ggml-cuda rounds inside its matmul and attention paths: 3.5e-6 measured on an H200
+    # (benchmarks/results/gpu-h200-s9), where the CPU stays far under 1e-6.
+    bound = 1e-6 if device == "CPU" else 1e-5
     for exact_head in (True, False):
         with Drafter(gguf, smollm2_path, n_ctx=128, n_threads=1, exact_head=exact_head, device=device) as d:
             assert d.info.device == device
@@ -112,8 +115,8 @@ def test_drafter_on_each_local_device_matches_the_reference(device, dflash2, smo
                 proposal = d.propose(anchor, n_ctx, BLOCK, temperature=0.0)
                 ref_hidden, ref_logits = reference_block(ref, feats[:n_ctx], np.arange(n_ctx), anchor, n_ctx,
                                                          smol_target)
-                assert nmse(hidden, ref_hidden.numpy()) <= 1e-6
-                assert nmse(logits, ref_logits.numpy()) <= (1e-6 if exact_head else 1e-4)
+                assert nmse(hidden, ref_hidden.numpy()) <= bound
+                assert nmse(logits, ref_logits.numpy()) <= (bound if exact_head else 1e-4)
                 if exact_head:
                     want = ref.propose(ref_hidden, ref_logits, anchor)
                     np.testing.assert_array_equal(proposal.tokens, want.tokens.numpy())
