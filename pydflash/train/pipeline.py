@@ -235,6 +235,9 @@ def build_parser(prog: str = "pydflash train") -> argparse.ArgumentParser:
                         "rows, the training labels' most frequent (0 = the full head)")
     p.add_argument("--autocast", choices=("auto", "bf16", "fp32"), default="auto",
                    help="bf16 autocast: auto = only on CPUs with native bf16 (AVX512-BF16 / AMX)")
+    p.add_argument("--soft-weight", type=float, default=0.0,
+                   help="weight of distillation to the target's own next-token distribution (its last layer run "
+                        "on the cached taps; 0 = hard greedy labels only)")
     p.add_argument("--max-minutes", type=float, default=None, help="stop training after this long (resumable)")
     p.add_argument("--checkpoint-every", type=int, default=100)
     p.add_argument("--eval-every", type=int, default=100)
@@ -269,6 +272,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .features import FeatureCache
     from .init import init_from_target, target_facts
     from .trainer import Trainer, TrainSettings, export_draft_vocab
+    from .teacher import LastLayerTeacher
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -303,10 +307,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                              lr=args.lr, gamma=args.gamma, seed=args.seed, checkpoint_every=args.checkpoint_every,
                              eval_every=args.eval_every, max_minutes=args.max_minutes,
                              max_len=args.max_prompt + args.max_new, draft_vocab=args.draft_vocab,
-                             autocast=args.autocast)
+                             autocast=args.autocast, soft_weight=args.soft_weight)
     cache = FeatureCache(cache_dir)
     train_seqs, val_seqs = _split(cache.sequences(decode=False), 0.05)
-    trainer = Trainer(model, weights, train_seqs, val_seqs, settings, out, log=log, eog_ids=_eog_ids(target_path))
+    teacher = LastLayerTeacher(target_path, weights.lm_head) if args.soft_weight > 0 else None
+    trainer = Trainer(model, weights, train_seqs, val_seqs, settings, out, log=log, eog_ids=_eog_ids(target_path),
+                      teacher=teacher)
     if trainer.load_checkpoint():
         log(f"resumed from {trainer.checkpoint_path} at step {trainer.step}")
     elif args.resume_from:
@@ -314,6 +320,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         log(json.dumps({"init": init_notes, "config": config.to_hf(), "train_sequences": len(train_seqs),
                         "val_sequences": len(val_seqs), "train_tokens": sum(len(s.tokens) for s in train_seqs),
+                        "soft_weight": args.soft_weight,
                         "draft_vocab": trainer.draft_vocab_report, "bf16_autocast": trainer.bf16}))
     if not args.export_only:
         bar = _progress("train", settings.steps)

@@ -34,6 +34,7 @@ from ..reference.model import DFlashDrafter, TargetWeights
 from .features import CapturedSequence, decode_features
 from .forward import check_trainable, forward_blocks
 from .loss import drafter_loss, greedy_acceptance, lr_at, selector_loss, slot_weights
+from .teacher import LastLayerTeacher
 
 __all__ = ["TrainSettings", "Trainer", "Batch", "make_batch", "choose_draft_vocab", "export_draft_vocab",
            "cpu_has_fast_bf16"]
@@ -61,6 +62,9 @@ class TrainSettings:
     # "auto": bf16 autocast iff the CPU has native bf16 math (AVX512-BF16 / AMX), else float32;
     # "bf16" / "fp32" force it (measured: benchmarks/results/train-throughput/)
     autocast: str = "auto"
+    # weight of the distillation term (cross-entropy to the target's own distribution over the
+    # draft vocabulary, from LastLayerTeacher); 0 = hard greedy labels only
+    soft_weight: float = 0.0
 
 
 @dataclass
@@ -83,14 +87,16 @@ def _features(seq: CapturedSequence, rows: int | None = None) -> np.ndarray:
     return f.reshape(f.shape[0], -1)
 
 
-def make_batch(seqs: list[CapturedSequence], anchors: list[np.ndarray], block_size: int, mask_id: int) -> Batch:
+def make_batch(seqs: list[CapturedSequence], anchors: list[np.ndarray], block_size: int, mask_id: int,
+               label_rows: bool = False) -> Batch:
     """Blocks for given anchors of given sequences (labels per the module docstring).
 
-    Features are decoded only for the rows a block can see (below the largest anchor)."""
+    Features are decoded only for the rows a block can see (below the largest anchor), or with
+    ``label_rows`` also for the rows its slots are labelled at (the distillation teacher's input)."""
     anc = np.stack([np.asarray(a, dtype=np.int64) for a in anchors])  # [S, A]
     n_seq = len(seqs)
     n_max = max(len(s.tokens) for s in seqs)
-    n_feat = max(1, int(anc.max()))
+    n_feat = max(1, int(anc.max()) + (block_size - 1 if label_rows else 0))
     f0 = seqs[0].features
     width = int(np.prod((f0[0] if isinstance(f0, tuple) else f0).shape[1:]))
     feats = np.zeros((n_seq, n_feat, width), dtype=np.float32)
@@ -100,7 +106,7 @@ def make_batch(seqs: list[CapturedSequence], anchors: list[np.ndarray], block_si
     for i, seq in enumerate(seqs):
         n = len(seq.tokens)
         tok[i, :n], lab[i, :n] = seq.tokens, seq.labels
-        f = _features(seq, min(n, int(anc[i].max())))
+        f = _features(seq, min(n, n_feat))
         feats[i, : len(f)] = f
     rows = np.arange(n_seq)[:, None, None]
     pos = anc[:, :, None] + np.arange(block_size - 1)[None, None, :]  # slot j's label row s + j - 1
@@ -210,7 +216,8 @@ class Trainer:
 
     def __init__(self, model: DFlashDrafter, target: TargetWeights, train_seqs: list[CapturedSequence],
                  val_seqs: list[CapturedSequence], settings: TrainSettings, out_dir: str | os.PathLike,
-                 log: Callable[[str], None] | None = None, eog_ids: Sequence[int] = ()) -> None:
+                 log: Callable[[str], None] | None = None, eog_ids: Sequence[int] = (),
+                 teacher: LastLayerTeacher | None = None) -> None:
         check_trainable(model)
         if model.config.mask_token_id is None:
             raise ValueError("the drafter config needs a mask_token_id")
@@ -220,6 +227,14 @@ class Trainer:
         if settings.draft_vocab < 0:
             raise ValueError(f"draft_vocab must be >= 0 (0 or >= the vocabulary: the full head), got {settings.draft_vocab}")
         self.model, self.target, self.settings = model, target, settings
+        self.teacher, self.teacher_tap = teacher, -1
+        if settings.soft_weight > 0:
+            if teacher is None:
+                raise ValueError("soft_weight > 0 needs a teacher (LastLayerTeacher of the target)")
+            if teacher.tap_layer not in model.config.target_layer_ids:
+                raise ValueError(f"distillation reads tap {teacher.tap_layer} (the target's last layer input), "
+                                 f"which the drafter does not tap ({list(model.config.target_layer_ids)})")
+            self.teacher_tap = list(model.config.target_layer_ids).index(teacher.tap_layer)
 
         def usable(s: CapturedSequence) -> bool:
             lo, hi = _anchor_range(s)
@@ -319,7 +334,7 @@ class Trainer:
         for s in seqs:
             lo, hi = _anchor_range(s)
             anchors.append((lo + torch.randint(hi - lo + 1, (st.anchors_per_seq,), generator=self.generator)).numpy())
-        return make_batch(seqs, anchors, cfg.block_size, cfg.mask_token_id)
+        return make_batch(seqs, anchors, cfg.block_size, cfg.mask_token_id, label_rows=st.soft_weight > 0)
 
     def _autocast(self):  # type: ignore[no-untyped-def]
         return torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.bf16)
@@ -354,11 +369,25 @@ class Trainer:
             h, logits = h.float(), logits.float()
         ones = torch.ones_like(labels, dtype=torch.bool)
         lm = drafter_loss(logits, labels if self.to_draft is None else self.to_draft[labels], ones, w)
+        if self.settings.soft_weight > 0:
+            lm = (1 - self.settings.soft_weight) * lm + self.settings.soft_weight * self._distillation(batch, keep, logits, w)
         sel = torch.zeros(())
         if self.model.candidate_selector is not None:
             sel = selector_loss(self.model.candidate_selector, h, logits, batch.prev_tokens[keep], labels, ones, w,
                                 self.draft_vocab)
         return lm, sel
+
+    def _distillation(self, batch: Batch, keep: torch.Tensor, logits: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """Weighted cross-entropy from the target's distribution at each counted slot's label row
+        (s + j - 1, the row whose argmax is the label) to the drafter's, over the same head rows."""
+        h = self.model.config.hidden_size
+        n_seq, n_anchor, slots = keep.shape
+        rows = batch.anchors[:, :, None] + torch.arange(slots)[None, None, :]
+        seq_of = torch.arange(n_seq)[:, None, None].expand_as(rows)
+        taps = batch.features[:, :, self.teacher_tap * h:(self.teacher_tap + 1) * h]
+        teacher = self.teacher.log_probs(taps, rows[keep], seq_of[keep], self.draft_vocab)  # type: ignore[union-attr]
+        ce = -(teacher.exp() * torch.log_softmax(logits.float(), dim=-1)).sum(-1)
+        return (ce * w).sum() / w.sum().clamp(min=1e-9)
 
     def train_step(self, batch: Batch | None = None) -> dict:
         st = self.settings
