@@ -18,7 +18,10 @@ without any download:
 Every prompt whose id is a held-out HumanEval task is dropped. The packages the shipped recipe
 uses (docs/training.md) are permissively licensed: the standard library (PSF), numpy, networkx,
 sympy, jinja2, torch, scipy, flask, click, werkzeug and pygments (BSD), requests and
-sortedcontainers (Apache-2.0), rich and attrs (MIT), matplotlib (PSF-based).
+sortedcontainers (Apache-2.0), rich and attrs (MIT), matplotlib (PSF-based); session 9 added
+fsspec, mpmath, IPython and docutils (BSD / public domain), pip, setuptools, pytest,
+urllib3, pyparsing, pydantic and anyio (MIT), huggingface_hub, aiohttp and openai (Apache-2.0),
+packaging (Apache-2.0 / BSD) and Pillow (MIT-CMU).
 """
 
 from __future__ import annotations
