@@ -77,6 +77,10 @@ def test_soft_loss_trains_and_refuses_a_drafter_without_the_last_tap(decoded, sm
         after = float(trainer.losses(batch)[0])
     assert after < 0.7 * before, (before, after)
 
+    for bad in (-0.1, 1.5):
+        with pytest.raises(ValueError, match="within"):
+            Trainer(DFlashDrafter.from_config(cfg, seed=0), target, [seq], [],
+                    TrainSettings(soft_weight=bad, draft_vocab=0), tmp_path / "w", teacher=teacher)
     with pytest.raises(ValueError, match="needs a teacher"):
         Trainer(DFlashDrafter.from_config(cfg, seed=0), target, [seq], [], settings, tmp_path / "b")
     cfg3 = smollm2_drafter_config(block_size=8, target_layer_ids=(1, 10, 19), mask_token_id=0)

@@ -260,7 +260,10 @@ def build_parser(prog: str = "pydflash train") -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not 0.0 <= args.soft_weight <= 1.0:
+        parser.error(f"--soft-weight must be within [0, 1], got {args.soft_weight}")
     try:
         import torch
     except ImportError:

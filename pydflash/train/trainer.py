@@ -228,6 +228,8 @@ class Trainer:
             raise ValueError(f"draft_vocab must be >= 0 (0 or >= the vocabulary: the full head), got {settings.draft_vocab}")
         self.model, self.target, self.settings = model, target, settings
         self.teacher, self.teacher_tap = teacher, -1
+        if not 0.0 <= settings.soft_weight <= 1.0:
+            raise ValueError(f"soft_weight must be within [0, 1], got {settings.soft_weight}")
         if settings.soft_weight > 0:
             if teacher is None:
                 raise ValueError("soft_weight > 0 needs a teacher (LastLayerTeacher of the target)")
