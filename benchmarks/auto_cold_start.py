@@ -2,6 +2,7 @@
 
 Issue #14 (c), #28 (5): ``auto-cold`` starts with nothing learned or cached (its own empty cache
 dir and ``PYDFLASH_AUTOTUNE_CACHE=0``), as the README's main command with its defaults;
+``<mode>-nolookup`` is a mode with drafts from the sequence's own history turned off (``lookup=0``);
 ``auto-blind`` is the same with a copy of the drafter without its acceptance profile (the blind
 prior: probed at once); ``auto-warm`` starts from what one earlier ``auto`` process with the same
 files saved; ``plain`` is ``--no-draft`` (no drafter loaded); ``n<k>`` fixes n_max = k.
@@ -31,19 +32,27 @@ import time
 from pathlib import Path
 
 
+def base_mode(mode: str) -> tuple[str, int]:
+    """A mode and its lookup setting: ``<mode>-nolookup`` turns drafts from the history off."""
+    return (mode[: -len("-nolookup")], 0) if mode.endswith("-nolookup") else (mode, 2)
+
+
 def worker(args: argparse.Namespace) -> None:
     from pydflash import Engine
     from pydflash.fetch import prompt_sets as prompts
 
     prompt = prompts.load(args.prompts, limit=1, offset=args.offset + args.index)[0]
-    drafter = None if args.mode == "plain" else args.blind_drafter if args.mode == "auto-blind" else (
+    mode, lookup = base_mode(args.mode)
+    drafter = None if mode == "plain" else args.blind_drafter if mode == "auto-blind" else (
         args.model_draft or "auto")
-    n_max: int | str = "auto" if args.mode.startswith("auto") else int(args.mode[1:]) if args.mode != "plain" else 0
-    with Engine(args.model, drafter, n_ctx=args.ctx_size, n_threads=args.threads, n_max=n_max) as engine:
+    n_max: int | str = "auto" if mode.startswith("auto") else int(mode[1:]) if mode != "plain" else 0
+    with Engine(args.model, drafter, n_ctx=args.ctx_size, n_threads=args.threads, n_max=n_max,
+                lookup=lookup) as engine:
         text = prompt.render(engine.target)
         r = engine.generate(text, max_tokens=args.n_predict, temperature=0, ignore_eos=True)
         print(json.dumps({"mode": args.mode, "prompt": prompt.id, "tok_s": r.stats.tokens_per_second,
                           "n": r.stats.n_generated, "drafted": r.stats.n_drafted, "accepted": r.stats.n_accepted,
+                          "lookup_drafted": r.stats.n_lookup_drafted, "lookup_accepted": r.stats.n_lookup_accepted,
                           "steps": r.stats.n_verify_steps, "widths": engine.last_widths, "tokens": r.tokens}))
 
 
@@ -79,9 +88,9 @@ def main() -> int:
 
     def run(mode: str, index: int) -> dict:
         env = dict(os.environ)
-        if mode in ("auto-cold", "auto-blind"):
+        if base_mode(mode)[0] in ("auto-cold", "auto-blind"):
             env.update(PYDFLASH_AUTOTUNE_CACHE="0", PYDFLASH_CACHE=str(cold_cache))
-        elif mode == "auto-warm":
+        elif base_mode(mode)[0] == "auto-warm":
             env.update(PYDFLASH_AUTOTUNE_CACHE="1", PYDFLASH_CACHE=str(warm_cache))
         else:
             env["PYDFLASH_AUTOTUNE_CACHE"] = "0"
@@ -98,7 +107,7 @@ def main() -> int:
         (cache / "models").mkdir(parents=True)
         for f in models.cache_dir().joinpath("models").glob("*.gguf"):
             (cache / "models" / f.name).symlink_to(f)
-    if "auto-blind" in modes:  # the drafter without its acceptance profile
+    if any(base_mode(m)[0] == "auto-blind" for m in modes):  # the drafter without its acceptance profile
         from pydflash import Engine
         from pydflash.formats.drafter_profile import write_profile
 
@@ -108,7 +117,7 @@ def main() -> int:
     cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
                 if ln.startswith("model name")), "unknown CPU")
     load = os.getloadavg()[0]
-    if "auto-warm" in modes:  # one earlier generation with the same files (not measured)
+    if any(base_mode(m)[0] == "auto-warm" for m in modes):  # one earlier generation with the same files (not measured)
         env = dict(os.environ, PYDFLASH_AUTOTUNE_CACHE="1", PYDFLASH_CACHE=str(warm_cache))
         # on a prompt just before the measured ones (HumanEval 131 by default: 132..163 may all be used)
         subprocess.run(base + ["--mode", "auto-warm", "--index", "-1"], env=env, check=True, capture_output=True)
@@ -141,7 +150,9 @@ def main() -> int:
         summary[mode] = {"median_tok_s": statistics.median(r["tok_s"] for r in rs),
                          "median_ratio": statistics.median(ratios) if ratios else None,
                          "min_ratio": min(ratios) if ratios else None, "equal_to_plain": f"{same}/{len(rs)}",
-                         "drafted": sum(r["drafted"] for r in rs), "accepted": sum(r["accepted"] for r in rs)}
+                         "drafted": sum(r["drafted"] for r in rs), "accepted": sum(r["accepted"] for r in rs),
+                         "lookup_accepted": sum(r.get("lookup_accepted", 0) for r in rs),
+                         "tau": sum(r["n"] for r in rs) / max(1, sum(r["steps"] for r in rs))}
     report = {"command": " ".join(sys.argv), "wall_s": round(time.time() - t0, 1), "cpu": cpu,
               "threads": args.threads, "repeats": args.repeats, "load_before": load, "summary": summary,
               "rows": [{k: v for k, v in r.items() if k != "tokens"} for r in rows]}
@@ -149,14 +160,15 @@ def main() -> int:
              f"CPU: {cpu}, {args.threads} threads; 1-min load before the run {load:.2f}. Each (prompt, mode) "
              f"is a fresh process, modes rotated per prompt, {args.repeats} run(s) each (median tok/s); "
              "ratios are per prompt against its plain run.", "",
-             "| mode | median tok/s | median ratio vs plain | min ratio | greedy = plain | drafted | accepted |",
-             "|---|---|---|---|---|---|---|"]
+             "| mode | median tok/s | median ratio vs plain | min ratio | greedy = plain | drafted | accepted "
+             "| of which from the history | tau |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for mode, s in summary.items():
         ratio = "" if s["median_ratio"] is None else f"{s['median_ratio']:.3f}"
         low = "" if s["min_ratio"] is None else f"{s['min_ratio']:.3f}"
         lines.append(f"| {mode} | {s['median_tok_s']:.1f} | {ratio} | {low} | {s['equal_to_plain']} | "
-                     f"{s['drafted']} | {s['accepted']} |")
-    fixed = [m for m in modes if m.startswith("n") and m[1:].isdigit()]
+                     f"{s['drafted']} | {s['accepted']} | {s['lookup_accepted']} | {s['tau']:.2f} |")
+    fixed = [m for m in modes if m.startswith("n") and base_mode(m)[0][1:].isdigit()]
     if plain and fixed:  # the one fixed n_max a user would pick for this prompt set: best median ratio
         best_mode = max(fixed, key=lambda m: summary[m]["median_ratio"])
         for mode in (m for m in modes if m.startswith("auto")):

@@ -9,7 +9,8 @@ on; a ``.jsonl`` path also works. Every configuration runs the same prompts in t
 plain decoding first, then each drafter at T = 0 for every n_max, and at T = 1 (pure sampling,
 no top-k/top-p/min-p) at the largest n_max. Reported per configuration: tau (tokens per target
 verification, summed over all prompts), accepted drafts per position, decode tok/s and the
-speed-up over plain decoding.
+speed-up over plain decoding. ``--lookup 0,2`` runs every drafter alone and with drafts from the
+sequence's own history (``Engine(lookup=2)``, the engine's default).
 """
 
 from __future__ import annotations
@@ -58,6 +59,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--limit", type=int, default=None)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--n-max", default="7", help="comma-separated n_max values for T=0")
+    ap.add_argument("--lookup", default="0",
+                    help="comma-separated Engine(lookup=) values: 0 = the drafter alone, 2 = also drafts from "
+                         "the history, as the engine's default (T=0 only: sampled requests never use them)")
     ap.add_argument("--no-t1", action="store_true", help="skip the T=1 runs")
     ap.add_argument("--no-plain", action="store_true", help="skip plain decoding (no speed-up column)")
     ap.add_argument("--threads", type=int, default=1)
@@ -87,12 +91,16 @@ def main(argv: list[str] | None = None) -> int:
             if not args.no_t1:
                 base1 = run(plain, prompts, max_tokens=args.max_tokens, n_max=None, temperature=1.0, seed=args.seed)
                 report("plain T=1", base1, None)
+    lookups = [int(x) for x in args.lookup.split(",")]
     for spec in args.drafter:
         label, _, path = spec.partition("=")
-        with Engine(args.target, path, n_threads=args.threads, n_max=max(n_maxes)) as engine:
-            for n in n_maxes:
-                res = run(engine, prompts, max_tokens=args.max_tokens, n_max=n, temperature=0.0, seed=args.seed)
-                report(f"{label} T=0 n_max={n}", res, base0["tok_s"])
+        for lookup in lookups:
+            tag = f" lookup={lookup}" if lookup else ""
+            with Engine(args.target, path, n_threads=args.threads, n_max=max(n_maxes), lookup=lookup) as engine:
+                for n in n_maxes:
+                    res = run(engine, prompts, max_tokens=args.max_tokens, n_max=n, temperature=0.0, seed=args.seed)
+                    report(f"{label}{tag} T=0 n_max={n}", res, base0["tok_s"])
+        with Engine(args.target, path, n_threads=args.threads, n_max=max(n_maxes), lookup=0) as engine:
             if not args.no_t1:
                 n = max(n_maxes)
                 res = run(engine, prompts, max_tokens=args.max_tokens, n_max=n, temperature=1.0, seed=args.seed)

@@ -42,6 +42,9 @@ def _add_target(p: argparse.ArgumentParser) -> None:
     p.add_argument("--spec-draft-n-min", type=int, default=0, help="shorter drafts are not verified (default 0)")
     p.add_argument("--spec-draft-p-min", type=float, default=0.0,
                    help="greedy: cut drafts at the first pick the drafter gives p < P (default 0 = off)")
+    p.add_argument("--draft-lookup", type=int, default=2, choices=range(5), metavar="N",
+                   help="greedy: also draft the tokens that followed the latest earlier occurrence of the last "
+                        "N..4 tokens, where the loop prices it to pay (default 2; 0 = the drafter only)")
     p.add_argument("-v", "--verbose", action="store_true", help="show llama.cpp's log")
     add_hub_arguments(p)
 
@@ -57,7 +60,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
         warnings.simplefilter("always")
         engine = Engine(args.model, drafter, n_ctx=args.ctx_size, n_threads=args.threads,
                         n_gpu_layers=args.n_gpu_layers, n_max=args.spec_draft_n_max, n_min=args.spec_draft_n_min,
-                        p_min=args.spec_draft_p_min, drafter_device=args.device_draft, verbose=args.verbose)
+                        p_min=args.spec_draft_p_min, lookup=args.draft_lookup, drafter_device=args.device_draft,
+                        verbose=args.verbose)
     for note in notes:
         print(f"[pydflash] note: {note.message}", file=sys.stderr)
     with engine:

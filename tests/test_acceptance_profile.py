@@ -45,7 +45,7 @@ def test_cold_start_probes_only_what_the_profile_prices_in(tmp_path, smollm2_pat
     drafter = write_profile(SMOL, tmp_path / f"{profile}.gguf", rates, 100)
     tokens = smollm2.tokenize(PROMPT)
     want = smollm2.generate(tokens, max_tokens=48, temperature=0, ignore_eos=True).tokens
-    with Engine(smollm2_path, drafter, n_ctx=512, n_threads=2) as engine:
+    with Engine(smollm2_path, drafter, n_ctx=512, n_threads=2, lookup=0) as engine:  # the drafter's policy
         assert engine.auto_n_max
         # a profile comes with one timed drafter block (the draft's price before the loop ran one)
         assert (engine.tuning()["t_draft_ms"][6] > 0) == (rates is not None)

@@ -94,11 +94,11 @@ def test_engine_auto_turns_a_losing_drafter_off(smollm2_path, random_drafter, mo
     """A random drafter is never accepted: the scheduler probes it in the first steps, measures
     that it loses, and decodes plainly from then on (the drafter not run); every output (generate
     and stream) equals plain decoding's (greedy)."""
-    monkeypatch.setenv("PYDFLASH_AUTOTUNE_CACHE", "0")
+    monkeypatch.setenv("PYDFLASH_AUTOTUNE_CACHE", "0")  # lookup=0: the drafter's own width policy
     prompts = ["def add(a, b):", "The capital of France is", "for i in range(10):"]
     with Engine(smollm2_path, None, n_ctx=512, n_threads=2) as plain:
         want = [plain.generate(p, max_tokens=24, temperature=0).tokens for p in prompts]
-    with Engine(smollm2_path, random_drafter, n_ctx=512, n_threads=2) as engine:
+    with Engine(smollm2_path, random_drafter, n_ctx=512, n_threads=2, lookup=0) as engine:
         assert engine.auto_n_max and engine.tuning() is not None
         runs, widths = [], []
         for p in prompts:
@@ -123,13 +123,13 @@ def test_engine_auto_remembers_what_it_learned(smollm2_path, random_drafter, mon
     acceptance: it does not probe a drafter already known to lose."""
     monkeypatch.setenv("PYDFLASH_CACHE", str(tmp_path))
     monkeypatch.setenv("PYDFLASH_AUTOTUNE_CACHE", "1")
-    with Engine(smollm2_path, random_drafter, n_ctx=512, n_threads=2) as engine:
+    with Engine(smollm2_path, random_drafter, n_ctx=512, n_threads=2, lookup=0) as engine:
         first = engine.generate("def add(a, b):", max_tokens=24, temperature=0)
     assert first.stats.n_drafted > 0
     assert list((tmp_path / "autotune").glob("tuning-*.json"))
     # a cold engine probes within its first few steps (after the post-prefill warm-up); a warm
     # one only at its periodic re-probe, 16 steps on at the earliest
-    with Engine(smollm2_path, random_drafter, n_ctx=512, n_threads=2) as engine:
+    with Engine(smollm2_path, random_drafter, n_ctx=512, n_threads=2, lookup=0) as engine:
         again = engine.generate("def add(a, b):", max_tokens=12, temperature=0)
     assert again.stats.n_drafted == 0 and again.tokens == first.tokens[:12]
 

@@ -108,7 +108,8 @@ def test_n_max_past_the_block_takes_n_min_along(smollm2_path, drafter_path):
 
 def test_p_min_cuts_unsure_drafts_and_stays_lossless(smollm2_path, drafter_path):
     """A random drafter is never sure of its picks: p_min = 0.99 cuts every draft to nothing."""
-    with Engine(smollm2_path, drafter_path, n_ctx=512, n_threads=2, n_max=7, p_min=0.99) as e:
+    # lookup=0: drafts from the history carry no drafter probability, so p_min never cuts them
+    with Engine(smollm2_path, drafter_path, n_ctx=512, n_threads=2, n_max=7, p_min=0.99, lookup=0) as e:
         r = e.generate("def add(a, b):", max_tokens=12, temperature=0, ignore_eos=True)
         plain = e.target.generate("def add(a, b):", max_tokens=12, temperature=0, ignore_eos=True)
     assert r.stats.n_drafted == 0 and r.tokens == plain.tokens

@@ -335,6 +335,8 @@ typedef struct dflash_stats {
     double  t_total_ms;
     int32_t n_accepted_per_pos[16];  /* how often the draft at position i+1 was accepted */
     int32_t n_cached;               /* prompt tokens whose KV was reused from the slot (cache_prompt) */
+    int32_t n_lookup_drafted;       /* of n_drafted: tokens proposed from the sequence's own history */
+    int32_t n_lookup_accepted;      /* of n_accepted: such tokens accepted */
 } dflash_stats;
 
 /* Streaming: called once per committed token with the newly releasable UTF-8 text (may be empty
@@ -601,6 +603,10 @@ typedef struct dflash_scheduler_params {
     int32_t n_min;    /* shorter drafts are not verified */
     float   p_min;    /* greedy: cut a draft before the first pick its drafter gave p < p_min */
     int32_t n_batch;  /* most target rows per step (0 = the target's n_batch) */
+    int32_t lookup;   /* greedy sequences with a drafter also draft from their own history: the
+                       * tokens after the latest earlier occurrence of their last `lookup`..4
+                       * tokens, verified in place of the drafter's block where that is priced
+                       * to pay (default 2; 0 = off) */
 } dflash_scheduler_params;
 
 typedef struct dflash_request_params {

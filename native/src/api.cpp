@@ -401,6 +401,7 @@ dflash_status dflash_generate_batch(dflash_target * target, dflash_drafter * dra
 dflash_scheduler_params dflash_scheduler_default_params(void) {
     dflash_scheduler_params p{};
     p.n_max = -1;
+    p.lookup = 2;
     return p;
 }
 
@@ -430,6 +431,7 @@ dflash_status dflash_scheduler_create(dflash_target * target, dflash_drafter * d
         sp.n_min = params->n_min;
         sp.p_min = params->p_min;
         sp.n_batch = params->n_batch;
+        sp.lookup = params->lookup;
         auto s = std::make_unique<dflash_scheduler>();
         s->impl = std::make_unique<dflash::Scheduler>(target->impl, drafter ? drafter->impl.get() : nullptr, sp);
         *out = s.release();

@@ -137,6 +137,7 @@ struct Scheduler::Sequence {
     int32_t anchor = -1;      // the last committed token, not yet decoded
     bool    cancel = false;
     Draft   draft;
+    int32_t lookup_match = 0;      // > 0: this step's draft came from the history (match length)
     int32_t row0 = 0, n_rows = 0;  // this step's rows in the batch
     AcceptanceCounts counts{16};
     clock_type::time_point t_added, t_started;
@@ -597,6 +598,36 @@ int32_t Scheduler::draft_cap(const Sequence & s) const {
     return std::max(k, 0);
 }
 
+// How many tokens of a draft from s's own history to verify this step (0: none; then the drafter
+// drafts as the width says): a greedy sequence on this scheduler's drafter whose history holds a
+// match. With a fixed n_max the whole proposal (up to the cap), under auto the width that its
+// measured acceptance prices best against the target's measured (else modelled) cost of rows.
+// Fills s.draft and s.lookup_match when it returns > 0.
+int32_t Scheduler::lookup_width(Sequence & s, int32_t cap) {
+    if (params_.lookup <= 0 || cap <= 0 || !s.source || s.source != s.slot->dflash.get() || s.req.n_max == 0 ||
+        s.req.gen.sampling.temperature > 0.0f) {
+        return 0;
+    }
+    const Slot & slot = *s.slot;
+    const int32_t n_hist = std::min(int32_t(slot.kv.size()), s.n_past);
+    LookupDraft d = lookup_draft(slot.kv.data(), n_hist, s.anchor, params_.lookup, 4, cap);
+    if (d.tokens.empty()) {
+        return 0;
+    }
+    int32_t k = int32_t(d.tokens.size());
+    const bool fixed = s.req.n_max > 0 || params_.n_max > 0;
+    if (!fixed) {
+        k = lookup_.choose(d.match, k, [this](int32_t rows) { return policy_.row_cost(rows); });
+    }
+    if (k <= 0) {
+        return 0;
+    }
+    d.tokens.resize(size_t(k));
+    s.draft.tokens = std::move(d.tokens);
+    s.lookup_match = d.match;
+    return k;
+}
+
 // A sequence's proposed block, cut to what it may verify: k drafts, llama.cpp's p_min early
 // stop (greedy) and n_min.
 void Scheduler::trim_draft(Sequence & s, int32_t k) {
@@ -627,14 +658,14 @@ double Scheduler::draft_all(const std::vector<Sequence *> & decoding, const std:
     std::vector<bool> done(decoding.size(), false);
     for (size_t i = 0; i < decoding.size(); ++i) {
         Sequence & s = *decoding[i];
-        if (done[i] || k[i] <= 0 || !s.source) {
+        if (done[i] || k[i] <= 0 || !s.source || s.lookup_match > 0) {
             continue;
         }
         const bool batched = s.source == s.slot->dflash.get();
         std::vector<size_t> group{i};
         for (size_t j = i + 1; batched && j < decoding.size(); ++j) {
             Sequence & o = *decoding[j];
-            if (!done[j] && k[j] == k[i] && o.source && o.source == o.slot->dflash.get()) {
+            if (!done[j] && k[j] == k[i] && o.source && o.source == o.slot->dflash.get() && o.lookup_match == 0) {
                 group.push_back(j);
             }
         }
@@ -718,7 +749,11 @@ void Scheduler::accept(Sequence & s) {
     for (int32_t i = 0; i < std::min(n_acc, 16); ++i) {
         st.n_accepted_per_pos[i]++;
     }
-    if (n_draft > 0) {
+    if (n_draft > 0 && s.lookup_match > 0) {  // the width policy learns the drafter's acceptance only
+        lookup_.observe(s.lookup_match, n_draft, n_acc);
+        st.n_lookup_drafted += n_draft;
+        st.n_lookup_accepted += n_acc;
+    } else if (n_draft > 0) {
         s.counts.observe(n_draft, n_acc);
         policy_.observe_accept(n_draft, n_acc);
     }
@@ -850,8 +885,18 @@ void Scheduler::step(dflash_step_info * info) {
     for (size_t i = 0; i < decoding.size(); ++i) {
         Sequence & s = *decoding[i];
         s.draft = Draft{};
+        s.lookup_match = 0;
         // a request with its own n_max drafts exactly that (capped); the others take the width
         ks[i] = s.source ? std::min({s.req.n_max >= 0 ? cands[i].cap : std::min(width, cands[i].cap), budget}) : 0;
+        const int32_t k_lookup = lookup_width(s, std::min(cands[i].cap, budget));
+        if (k_lookup > 0) {
+            ks[i] = k_lookup;  // drafted from the history: the drafter skips this sequence
+            trim_draft(s, k_lookup);
+            if (s.draft.tokens.empty()) {
+                s.lookup_match = 0;
+                ks[i] = 0;
+            }
+        }
         budget -= ks[i];
     }
     info->t_draft_ms = draft_all(decoding, ks);

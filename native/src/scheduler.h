@@ -18,6 +18,7 @@
 #include "dflash.h"
 #include "draft_source.h"
 #include "drafter.h"
+#include "lookup.h"
 #include "output.h"
 #include "sampling.h"
 #include "target.h"
@@ -35,6 +36,7 @@ struct SchedulerParams {
     int32_t n_min = 0;     // drafts shorter than this are not verified
     float   p_min = 0.0f;  // greedy: cut the draft before the first pick the drafter gives < p_min
     int32_t n_batch = 0;   // most target rows per step (0: the target's batch size)
+    int32_t lookup = 0;    // shortest history match that proposes a lookup draft (0: none; lookup.h)
 };
 
 struct RequestParams {
@@ -86,6 +88,7 @@ private:
     void admit();
     void start_prefill(Sequence & s, Slot & slot);
     int32_t draft_cap(const Sequence & s) const;
+    int32_t lookup_width(Sequence & s, int32_t cap);
     void trim_draft(Sequence & s, int32_t k);
     double draft_all(const std::vector<Sequence *> & decoding, const std::vector<int32_t> & k);
     void accept(Sequence & s);
@@ -103,6 +106,7 @@ private:
     int32_t n_batch_;
     int32_t max_width_;
     WidthPolicy policy_;
+    LookupStats lookup_;
     std::vector<std::unique_ptr<Slot>> slots_;
     std::vector<std::unique_ptr<Sequence>> seqs_;  // queued, running and finished-not-taken
     int32_t next_id_ = 1;

@@ -189,6 +189,21 @@ double WidthPolicy::priced_target_ms(int32_t rows) const {
     return lo < 1 ? -1.0 : t_rows_[size_t(lo)] + kRowSlope * t_rows_[1] * double(rows - lo);
 }
 
+double WidthPolicy::row_cost(int32_t rows) const {
+    const double t1 = target_ms(1);
+    if (n_rows_[1] == 0 || !(t1 > 0.0)) {
+        return -1.0;
+    }
+    if (rows <= 1) {
+        return 1.0;
+    }
+    if (rows > max_rows_) {
+        return -1.0;
+    }
+    const double t = priced_target_ms(rows);
+    return t > 0.0 ? std::max(1.0, t / t1) : -1.0;
+}
+
 std::vector<double> WidthPolicy::alphas(const AcceptanceCounts * own) const {
     std::vector<double> a(size_t(max_width_) + 1, kPrior);
     double last = kPrior;

@@ -68,6 +68,10 @@ public:
     // A probe step finished: keep probing rarely if speculation still does not pay.
     void probe_done();
 
+    // Target time of `rows` rows over one row's: measured (interpolated), else priced by the
+    // cheap-verification model; negative until one-row steps were measured.
+    double row_cost(int32_t rows) const;
+
     // Estimates (ms); negative when nothing is known yet.
     double target_ms(int32_t rows) const;
     double draft_ms(int32_t width) const;

@@ -59,7 +59,7 @@ def measure(target_path: str | os.PathLike, drafter_path: str | os.PathLike, pro
         offered, accepted = np.zeros(width, np.int64), np.zeros(width, np.int64)
         opts = SamplingOptions.build(max_tokens=max_tokens, temperature=0, ignore_eos=True)
         n_tokens = 0
-        sched = Scheduler(target, drafter, n_max=width)
+        sched = Scheduler(target, drafter, n_max=width, lookup=0)  # the drafter's own acceptance
         try:
             for p in prompts:
                 sid = sched.add(target.tokenize(p.render(target)), opts, cache_prompt=False)

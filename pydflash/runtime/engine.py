@@ -42,6 +42,10 @@ class Engine:
         n_min: shorter drafts are not verified (--spec-draft-n-min).
         p_min: greedy drafts are cut before the first pick the drafter itself gives a probability
             below p_min (--spec-draft-p-min; 0 = off).
+        lookup: greedy generations also draft from their own history: the tokens that followed
+            the latest earlier occurrence of their last ``lookup``..4 tokens (code repeats names,
+            lines and blocks), verified in place of the drafter's block where the loop prices it
+            to pay (a fixed n_max: wherever there is a match). Default 2; 0 = the drafter only.
         n_seq_max: sequences the engine holds at once (generate_batch, the server's slots).
         drafter_device: the ggml device the drafter computes on (``pydflash.runtime.devices``). ``"auto"``
             (the default) follows the target: the first GPU when ``n_gpu_layers != 0``, else the
@@ -64,6 +68,7 @@ class Engine:
         n_max: int | str | None = "auto",
         n_min: int = 0,
         p_min: float = 0.0,
+        lookup: int = 2,
         n_seq_max: int = 1,
         n_batch: int = 512,
         exact_head: bool = False,
@@ -95,7 +100,7 @@ class Engine:
             if self.drafter is not None:
                 self._warm_up_drafter()
             self.scheduler = Scheduler(self.target, self.drafter, n_max="auto" if self.auto_n_max else self.n_max,
-                                       n_min=self.n_min, p_min=self.p_min)
+                                       n_min=self.n_min, p_min=self.p_min, lookup=lookup)
             if self.scheduler.auto:
                 self._tuning_key = tuning_cache.key(self.target, self.drafter, n_threads=self._n_threads)
                 learned = tuning_cache.load(self._tuning_key)

@@ -43,6 +43,8 @@ class Stats:
     t_total_ms: float
     accepted_per_position: tuple[int, ...] = ()
     n_cached: int = 0  # prompt tokens whose KV was reused from the slot (cache_prompt)
+    n_lookup_drafted: int = 0  # of n_drafted: proposed from the sequence's own history (lookup)
+    n_lookup_accepted: int = 0  # of n_accepted: such tokens accepted
 
     @property
     def tokens_per_second(self) -> float:
@@ -72,6 +74,8 @@ class Stats:
             t_total_ms=st.t_total_ms,
             accepted_per_position=tuple(st.n_accepted_per_pos[i] for i in range(16)),
             n_cached=st.n_cached,
+            n_lookup_drafted=st.n_lookup_drafted,
+            n_lookup_accepted=st.n_lookup_accepted,
         )
 
 

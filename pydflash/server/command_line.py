@@ -40,6 +40,7 @@ class ServerConfig:
     temperature: float = 0.8    # --temp: a request's default temperature
     n_predict: int = -1         # --n-predict: a request's default n_predict / max_tokens
     tags: tuple[str, ...] = ()  # --tags: shown in /v1/models
+    lookup: int = 2             # --draft-lookup: greedy requests also draft from their own history (0: off)
     cors_origins: str = "*"     # "*" (with credentials: the request's Origin is echoed), "localhost", or a list
     cors_methods: str = "GET, POST, DELETE, OPTIONS"
     cors_headers: str = "*"
@@ -79,6 +80,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--spec-draft-n-min", type=int, default=0, help="shorter drafts are not verified (default 0)")
     p.add_argument("--spec-draft-p-min", "--draft-p-min", type=float, default=0.0,
                    help="greedy: cut drafts at the first pick the drafter gives p < P (default 0 = off)")
+    p.add_argument("--draft-lookup", type=int, default=2, choices=range(5), metavar="N",
+                   help="greedy requests also draft the tokens that followed the latest earlier occurrence of "
+                        "their last N..4 tokens, where the loop prices it to pay (default 2; 0 = the drafter only)")
     p.add_argument("-c", "--ctx-size", type=int, default=4096,
                    help="total context, split evenly over the slots (default 4096; 0: the model's training "
                         "context)")
@@ -199,7 +203,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         model=args.model, drafter=args.model_draft if use_draft else None, n_ctx_total=args.ctx_size,
         n_slots=args.parallel, n_batch=args.batch_size, n_batch_fim=n_batch_fim, n_threads=args.threads, n_gpu_layers=args.n_gpu_layers,
         device_draft=args.device_draft, rpc=args.rpc,
-        n_max=args.spec_draft_n_max, n_min=args.spec_draft_n_min, p_min=args.spec_draft_p_min,
+        n_max=args.spec_draft_n_max, n_min=args.spec_draft_n_min, p_min=args.spec_draft_p_min, lookup=args.draft_lookup,
         cache_prompt=args.cache_prompt, host=hosts[0], hosts=hosts, port=args.port, api_keys=keys, metrics=args.metrics,
         slots=args.slots, aliases=aliases, warmup=args.warmup, verbose=args.verbose,
         seed=args.seed, temperature=args.temp, n_predict=args.n_predict,

@@ -214,7 +214,7 @@ class StepLoop:
         devices.add_rpc_servers(c.rpc)
         engine = Engine(c.model, c.drafter, n_ctx=max(n_ctx_total // c.n_slots, 16), n_threads=c.n_threads,
                         n_gpu_layers=c.n_gpu_layers, n_max=c.n_max, n_min=c.n_min, p_min=c.p_min,
-                        n_seq_max=c.n_slots, n_batch=c.n_batch, drafter_device=c.device_draft, verbose=c.verbose)
+                        lookup=c.lookup, n_seq_max=c.n_slots, n_batch=c.n_batch, drafter_device=c.device_draft, verbose=c.verbose)
         try:
             self.n_ctx_slot = engine.target.info.n_ctx
             self.chat = self._chat_templates(engine.target)

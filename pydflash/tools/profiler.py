@@ -50,7 +50,8 @@ def profile(args: argparse.Namespace, log=print) -> dict:  # type: ignore[no-unt
     t0 = time.perf_counter()
     devices.add_rpc_servers(args.rpc)
     with Engine(models.resolve(args.model), args.model_draft, n_ctx=args.ctx_size, n_threads=args.threads,
-                n_max=None, n_gpu_layers=args.n_gpu_layers, drafter_device=args.device_draft) as engine:
+                n_max=None, n_gpu_layers=args.n_gpu_layers, drafter_device=args.device_draft,
+                lookup=0) as engine:  # the drafter's own acceptance
         assert engine.drafter is not None
         n_pos = engine.drafter.info.block_size - 1
         costs = autotune.cached_costs(engine.target, engine.drafter, engine.target.path, engine.drafter.path,

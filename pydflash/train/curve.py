@@ -19,8 +19,11 @@ __all__ = ["heldout_tau", "append_point", "load_points", "render"]
 
 
 def heldout_tau(target: str, drafter: str, *, prompts: Sequence | None = None, max_tokens: int = 128,
-                n_max: int = 7, threads: int | None = None, parallel: int = 16) -> dict:  # type: ignore[type-arg]
-    """tau (committed tokens per target verification) and accepted drafts per position, greedy."""
+                n_max: int = 7, threads: int | None = None, parallel: int = 16,
+                lookup: int = 0) -> dict:  # type: ignore[type-arg]
+    """tau (committed tokens per target verification) and accepted drafts per position, greedy.
+    ``lookup`` 0 (the default) measures the drafter alone; 2 as the engine's default drafts, with
+    drafts from the sequences' own history as well (``Engine(lookup=)``)."""
     from ..runtime.engine import Engine
     from .prompts import held_out_humaneval
 
@@ -29,7 +32,7 @@ def heldout_tau(target: str, drafter: str, *, prompts: Sequence | None = None, m
     gen = steps = 0
     per_pos = [0] * n_max
     with Engine(target, drafter, n_ctx=512 + max_tokens, n_threads=threads, n_max=n_max,
-                n_seq_max=parallel, n_batch=max(512, parallel * (n_max + 1))) as engine:
+                n_seq_max=parallel, n_batch=max(512, parallel * (n_max + 1)), lookup=lookup) as engine:
         for i in range(0, len(prompts), parallel):
             group = [p.text for p in prompts[i: i + parallel]]
             for r in engine.generate_batch(group, max_tokens=max_tokens, temperature=0.0, n_max=n_max):
@@ -37,6 +40,7 @@ def heldout_tau(target: str, drafter: str, *, prompts: Sequence | None = None, m
                 steps += r.stats.n_verify_steps
                 per_pos = [a + b for a, b in zip(per_pos, r.stats.accepted_per_position)]
     return {"tau": gen / max(steps, 1), "accepted_per_position": per_pos, "verify_steps": steps, "tokens": gen,
+            "lookup": lookup,
             "n_prompts": len(prompts), "max_tokens": max_tokens, "n_max": n_max,
             "eval_s": round(time.monotonic() - t0, 1)}
 

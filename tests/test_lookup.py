@@ -1,0 +1,93 @@
+"""Drafts from the sequence's own history (lookup): verified like any draft, so greedy output is
+plain decoding's; they carry the acceptance where the text repeats itself.
+
+The drafter here is a random one (its blocks are almost never accepted), so what is accepted comes
+from the history; the reference is the target's own plain decoding, compared tie-aware.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from pydflash import Engine, errors
+from pydflash.formats.convert import convert
+from fixtures_tiny import smollm2_drafter_config, write_checkpoint
+from test_speculative_loop import _tie_aware_equal
+
+# code that repeats itself: SmolLM2 goes on with " compute(alpha, beta, gamma)" and more
+REPEATING = ("x1 = compute(alpha, beta, gamma)\nx2 = compute(alpha, beta, gamma)\n"
+             "x3 = compute(alpha, beta, gamma)\nx4 =")
+PROSE = "The three laws of robotics are"
+N = 48
+
+
+@pytest.fixture(scope="module")
+def drafter_path(tmp_path_factory, smollm2_path):
+    tmp = tmp_path_factory.mktemp("lookup")
+    write_checkpoint(tmp / "hf", smollm2_drafter_config(block_size=8), seed=3)
+    return convert(tmp / "hf", tmp / "drafter.gguf", target_gguf=smollm2_path, outtype="f32", progress=False)
+
+
+def _plain(target, tokens):
+    return target.generate(tokens, max_tokens=N, temperature=0, ignore_eos=True).tokens
+
+
+@pytest.mark.parametrize("n_max", [3, 7])
+def test_lookup_drafts_keep_greedy_output_and_get_accepted(smollm2_path, drafter_path, n_max):
+    with Engine(smollm2_path, drafter_path, n_ctx=512, n_threads=2, n_max=n_max, lookup=2) as engine:
+        for prompt in (REPEATING, PROSE):
+            tokens = engine.target.tokenize(prompt)
+            plain = _plain(engine.target, tokens)
+            spec = engine.generate(tokens, max_tokens=N, temperature=0, ignore_eos=True)
+            _tie_aware_equal(engine.target, tokens, plain, spec.tokens)
+            st = spec.stats
+            assert 0 <= st.n_lookup_accepted <= st.n_lookup_drafted <= st.n_drafted <= n_max * st.n_verify_steps
+            assert st.n_lookup_accepted <= st.n_accepted
+            if prompt is REPEATING:  # the repeated lines are drafted from the history and accepted
+                assert st.n_lookup_accepted >= 6
+
+
+def test_lookup_off_sampling_and_auto(smollm2_path, drafter_path):
+    tokens = None
+    with Engine(smollm2_path, drafter_path, n_ctx=512, n_threads=2, n_max=7, lookup=0) as engine:
+        tokens = engine.target.tokenize(REPEATING)
+        plain = _plain(engine.target, tokens)
+        off = engine.generate(tokens, max_tokens=N, temperature=0, ignore_eos=True)
+        _tie_aware_equal(engine.target, tokens, plain, off.tokens)
+        assert off.stats.n_lookup_drafted == 0
+    with Engine(smollm2_path, drafter_path, n_ctx=512, n_threads=2, n_max=7, lookup=2) as engine:
+        # sampled sequences draft from the drafter only (its q is what rejection sampling needs)
+        sampled = engine.generate(tokens, max_tokens=N, temperature=0.8, seed=1, ignore_eos=True)
+        assert sampled.stats.n_lookup_drafted == 0 and sampled.stats.n_generated == N
+    with Engine(smollm2_path, drafter_path, n_ctx=512, n_threads=2, lookup=2) as engine:  # auto width
+        spec = engine.generate(tokens, max_tokens=N, temperature=0, ignore_eos=True)
+        _tie_aware_equal(engine.target, tokens, plain, spec.tokens)
+        assert spec.stats.n_lookup_accepted <= spec.stats.n_lookup_drafted
+
+
+def test_lookup_in_a_batch_with_drafter_blocks(smollm2_path, smollm2, drafter_path):
+    """Sequences drafting from their history and from the drafter share one verify batch (short
+    outputs: batched plain decoding itself drifts from single-sequence decoding on near-ties)."""
+    prompts = [REPEATING, "1, 2, 3,"]
+    with Engine(smollm2_path, drafter_path, n_ctx=512, n_threads=2, n_max=7, n_seq_max=2, lookup=2) as engine:
+        results = engine.generate_batch(prompts, max_tokens=10, temperature=0, ignore_eos=True)
+    for prompt, r in zip(prompts, results):
+        tokens = smollm2.tokenize(prompt)
+        plain = smollm2.generate(tokens, max_tokens=10, temperature=0, ignore_eos=True).tokens
+        _tie_aware_equal(smollm2, tokens, plain, r.tokens)
+    assert results[0].stats.n_lookup_accepted > 0
+
+
+@pytest.mark.parametrize("bad", [-1, 5, True, 2.0, "2"])
+def test_bad_lookup_values_are_refused(smollm2_path, bad):
+    with pytest.raises(errors.InvalidArgumentError, match="lookup"):
+        Engine(smollm2_path, None, n_ctx=64, n_threads=1, lookup=bad)
+
+
+def test_cli_refuses_a_bad_lookup():
+    r = subprocess.run([sys.executable, "-m", "pydflash.cli", "generate", "--draft-lookup", "9", "-p", "x"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "--draft-lookup" in r.stderr
