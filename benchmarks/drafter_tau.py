@@ -100,8 +100,8 @@ def main(argv: list[str] | None = None) -> int:
                 for n in n_maxes:
                     res = run(engine, prompts, max_tokens=args.max_tokens, n_max=n, temperature=0.0, seed=args.seed)
                     report(f"{label}{tag} T=0 n_max={n}", res, base0["tok_s"])
-        with Engine(args.target, path, n_threads=args.threads, n_max=max(n_maxes), lookup=0) as engine:
-            if not args.no_t1:
+        if not args.no_t1:
+            with Engine(args.target, path, n_threads=args.threads, n_max=max(n_maxes), lookup=0) as engine:
                 n = max(n_maxes)
                 res = run(engine, prompts, max_tokens=args.max_tokens, n_max=n, temperature=1.0, seed=args.seed)
                 report(f"{label} T=1 n_max={n}", res, base1["tok_s"] if base1 else None)

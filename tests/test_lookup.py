@@ -51,7 +51,6 @@ def test_lookup_drafts_keep_greedy_output_and_get_accepted(smollm2_path, drafter
 
 
 def test_lookup_off_sampling_and_auto(smollm2_path, drafter_path):
-    tokens = None
     with Engine(smollm2_path, drafter_path, n_ctx=512, n_threads=2, n_max=7, lookup=0) as engine:
         tokens = engine.target.tokenize(REPEATING)
         plain = _plain(engine.target, tokens)

@@ -17,29 +17,32 @@ LookupDraft lookup_draft(const int32_t * history, int32_t n_history, int32_t anc
     LookupDraft out;
     const int32_t n = n_history + 1;  // the sequence: history, then the anchor
     auto at = [&](int32_t i) { return i < n_history ? history[i] : anchor; };
-    if (k <= 0 || min_match < 1 || n < min_match + 1) {
+    if (k <= 0 || min_match < 1 || max_match < min_match || n < min_match + 1) {
         return out;
     }
-    for (int32_t m = std::min(max_match, n - 1); m >= min_match; --m) {
-        // the most recent earlier start i (i + m <= n - 1) whose m tokens equal the last m
-        for (int32_t i = n - m - 1; i >= 0; --i) {
-            if (at(i + m - 1) != anchor) {
-                continue;  // cheap first check: the token before the proposal is the anchor
-            }
-            bool same = true;
-            for (int32_t t = 0; t < m - 1 && same; ++t) {
-                same = at(i + t) == at(n - m + t);
-            }
-            if (!same) {
-                continue;
-            }
-            for (int32_t t = i + m; t < n && int32_t(out.tokens.size()) < k; ++t) {
-                out.tokens.push_back(at(t));
-            }
-            out.match = m;
-            return out;
+    // one backward pass (the decode loop runs this every step): each earlier occurrence e of the
+    // anchor is a candidate; keep the longest match (capped at max_match), the most recent of those
+    int32_t best = 0, best_end = -1;
+    for (int32_t e = n - 2; e >= 0 && best < max_match; --e) {
+        if (history[e] != anchor) {
+            continue;
+        }
+        int32_t len = 1;
+        while (len < max_match && len <= e && at(e - len) == at(n - 1 - len)) {
+            ++len;
+        }
+        if (len > best) {
+            best = len;
+            best_end = e;
         }
     }
+    if (best < min_match) {
+        return out;
+    }
+    for (int32_t t = best_end + 1; t < n && int32_t(out.tokens.size()) < k; ++t) {
+        out.tokens.push_back(at(t));
+    }
+    out.match = best;
     return out;
 }
 
