@@ -5,7 +5,9 @@ dir and ``PYDFLASH_AUTOTUNE_CACHE=0``), as the README's main command with its de
 ``<mode>-nolookup`` is a mode with drafts from the sequence's own history turned off (``lookup=0``);
 ``auto-blind`` is the same with a copy of the drafter without its acceptance profile (the blind
 prior: probed at once); ``auto-warm`` starts from what one earlier ``auto`` process with the same
-files saved; ``plain`` is ``--no-draft`` (no drafter loaded); ``n<k>`` fixes n_max = k.
+files saved; ``plain`` is ``--no-draft`` (no drafter loaded); ``n<k>`` fixes n_max = k;
+``history-cold`` / ``history-warm`` load no drafter and draft from the history alone (``lookup=2``,
+auto width), as ``pydflash generate`` does for a target without a shipped drafter.
 Every (prompt, mode) runs in its own process, modes rotated per prompt, so no mode profits from
 another's warm caches; the ratio per prompt is taken against that prompt's plain run. With
 ``--repeats R`` every (prompt, mode) runs R times (rounds interleaved) and its median tok/s counts:
@@ -43,9 +45,11 @@ def worker(args: argparse.Namespace) -> None:
 
     prompt = prompts.load(args.prompts, limit=1, offset=args.offset + args.index)[0]
     mode, lookup = base_mode(args.mode)
-    drafter = None if mode == "plain" else args.blind_drafter if mode == "auto-blind" else (
+    history_only = mode.startswith("history")
+    drafter = None if mode == "plain" or history_only else args.blind_drafter if mode == "auto-blind" else (
         args.model_draft or "auto")
-    n_max: int | str = "auto" if mode.startswith("auto") else int(mode[1:]) if mode != "plain" else 0
+    n_max: int | str = "auto" if mode.startswith(("auto", "history")) else int(mode[1:]) if mode != "plain" else 0
+    lookup = 0 if mode == "plain" else lookup
     with Engine(args.model, drafter, n_ctx=args.ctx_size, n_threads=args.threads, n_max=n_max,
                 lookup=lookup) as engine:
         text = prompt.render(engine.target)
@@ -88,9 +92,9 @@ def main() -> int:
 
     def run(mode: str, index: int) -> dict:
         env = dict(os.environ)
-        if base_mode(mode)[0] in ("auto-cold", "auto-blind"):
+        if base_mode(mode)[0] in ("auto-cold", "auto-blind", "history-cold"):
             env.update(PYDFLASH_AUTOTUNE_CACHE="0", PYDFLASH_CACHE=str(cold_cache))
-        elif base_mode(mode)[0] == "auto-warm":
+        elif base_mode(mode)[0] in ("auto-warm", "history-warm"):
             env.update(PYDFLASH_AUTOTUNE_CACHE="1", PYDFLASH_CACHE=str(warm_cache))
         else:
             env["PYDFLASH_AUTOTUNE_CACHE"] = "0"
@@ -117,10 +121,11 @@ def main() -> int:
     cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
                 if ln.startswith("model name")), "unknown CPU")
     load = os.getloadavg()[0]
-    if any(base_mode(m)[0] == "auto-warm" for m in modes):  # one earlier generation with the same files (not measured)
-        env = dict(os.environ, PYDFLASH_AUTOTUNE_CACHE="1", PYDFLASH_CACHE=str(warm_cache))
-        # on a prompt just before the measured ones (HumanEval 131 by default: 132..163 may all be used)
-        subprocess.run(base + ["--mode", "auto-warm", "--index", "-1"], env=env, check=True, capture_output=True)
+    for warm in ("auto-warm", "history-warm"):  # one earlier generation with the same files (not measured)
+        if any(base_mode(m)[0] == warm for m in modes):
+            env = dict(os.environ, PYDFLASH_AUTOTUNE_CACHE="1", PYDFLASH_CACHE=str(warm_cache))
+            # on a prompt just before the measured ones (HumanEval 131 by default: 132..163 may all be used)
+            subprocess.run(base + ["--mode", warm, "--index", "-1"], env=env, check=True, capture_output=True)
 
     runs: list[dict] = []
     t0 = time.time()

@@ -42,11 +42,20 @@ def _add_target(p: argparse.ArgumentParser) -> None:
     p.add_argument("--spec-draft-n-min", type=int, default=0, help="shorter drafts are not verified (default 0)")
     p.add_argument("--spec-draft-p-min", type=float, default=0.0,
                    help="greedy: cut drafts at the first pick the drafter gives p < P (default 0 = off)")
-    p.add_argument("--draft-lookup", type=int, default=2, choices=range(5), metavar="N",
+    p.add_argument("--draft-lookup", type=int, default=None, choices=range(5), metavar="N",
                    help="greedy: also draft the tokens that followed the latest earlier occurrence of the last "
-                        "N..4 tokens, where the loop prices it to pay (default 2; 0 = the drafter only)")
+                        "N..4 tokens, where the loop prices it to pay; with no drafter for the target, the only "
+                        "drafts (default 2, with --no-draft 0; 0 = off)")
     p.add_argument("-v", "--verbose", action="store_true", help="show llama.cpp's log")
     add_hub_arguments(p)
+
+
+def _lookup(args: argparse.Namespace) -> int:
+    """History drafts: on unless --no-draft (plain decoding) or --draft-lookup says otherwise. A
+    target with no shipped drafter still drafts from its own history."""
+    if args.draft_lookup is not None:
+        return int(args.draft_lookup)
+    return 0 if args.no_draft else 2
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -60,7 +69,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         warnings.simplefilter("always")
         engine = Engine(args.model, drafter, n_ctx=args.ctx_size, n_threads=args.threads,
                         n_gpu_layers=args.n_gpu_layers, n_max=args.spec_draft_n_max, n_min=args.spec_draft_n_min,
-                        p_min=args.spec_draft_p_min, lookup=args.draft_lookup, drafter_device=args.device_draft,
+                        p_min=args.spec_draft_p_min, lookup=_lookup(args), drafter_device=args.device_draft,
                         verbose=args.verbose)
     for note in notes:
         print(f"[pydflash] note: {note.message}", file=sys.stderr)
@@ -91,9 +100,13 @@ def cmd_generate(args: argparse.Namespace) -> int:
                 f"[pydflash] drafter {os.path.basename(engine.drafter.path)}, n_max {engine.last_n_max}{' (auto)' if engine.auto_n_max else ''}, drafted {st.n_drafted}, accepted {st.n_accepted} "
                 f"({100.0 * st.n_accepted / max(st.n_drafted, 1):.1f}%), verify steps {st.n_verify_steps}, "
                 f"tau {st.tau:.2f}, accepted per position [{per_pos}] | draft {st.t_draft_ms:.0f} ms, "
-                f"verify {st.t_verify_ms:.0f} ms, accept {st.t_accept_ms:.0f} ms",
+                f"verify {st.t_verify_ms:.0f} ms, accept {st.t_accept_ms:.0f} ms | from the history: drafted "
+                f"{st.n_lookup_drafted}, accepted {st.n_lookup_accepted}",
                 file=sys.stderr,
             )
+        elif st.n_lookup_drafted:  # no drafter: only drafts from the history
+            print(f"[pydflash] no drafter; from the history: drafted {st.n_lookup_drafted}, accepted "
+                  f"{st.n_lookup_accepted}, verify steps {st.n_verify_steps}, tau {st.tau:.2f}", file=sys.stderr)
     return 0
 
 

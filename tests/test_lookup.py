@@ -90,3 +90,40 @@ def test_cli_refuses_a_bad_lookup():
     r = subprocess.run([sys.executable, "-m", "pydflash.cli", "generate", "--draft-lookup", "9", "-p", "x"],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "--draft-lookup" in r.stderr
+
+
+@pytest.mark.parametrize("n_max", [4, "auto"])
+def test_history_drafts_without_a_drafter(smollm2_path, n_max):
+    """A target loaded without a drafter, asked for history drafts (lookup=2): they are the only
+    drafts, greedy output stays plain decoding's, sampled requests decode plainly."""
+    with Engine(smollm2_path, None, n_ctx=512, n_threads=2, n_max=n_max, lookup=2) as engine:
+        for prompt in (REPEATING, PROSE):
+            tokens = engine.target.tokenize(prompt)
+            plain = _plain(engine.target, tokens)
+            spec = engine.generate(tokens, max_tokens=N, temperature=0, ignore_eos=True)
+            _tie_aware_equal(engine.target, tokens, plain, spec.tokens)
+            st = spec.stats
+            assert st.n_drafted == st.n_lookup_drafted and st.n_accepted == st.n_lookup_accepted
+            if n_max == 4:
+                assert st.n_drafted <= 4 * st.n_verify_steps
+            if prompt is REPEATING:  # auto drafts where the measured costs price it to pay
+                assert st.n_lookup_accepted >= 6 if n_max == 4 else st.n_lookup_drafted > 0
+        sampled = engine.generate(tokens, max_tokens=N, temperature=0.8, seed=1, ignore_eos=True)
+        assert sampled.stats.n_drafted == 0 and sampled.stats.n_generated == N
+
+
+def test_no_drafter_decodes_plainly_unless_asked(smollm2_path):
+    with Engine(smollm2_path, None, n_ctx=512, n_threads=2) as engine:  # lookup=None: 0 without a drafter
+        r = engine.generate(engine.target.tokenize(REPEATING), max_tokens=N, temperature=0, ignore_eos=True)
+        assert r.stats.n_drafted == 0 and r.stats.n_lookup_drafted == 0 and r.stats.n_generated == N
+
+
+def test_cli_no_draft_is_plain_and_draft_lookup_turns_history_drafts_on(smollm2_path):
+    base = [sys.executable, "-m", "pydflash.cli", "generate", "-m", str(smollm2_path), "-p", REPEATING, "-n", "32",
+            "--temp", "0", "-t", "2", "-c", "512", "--no-draft", "--no-stream"]
+    plain = subprocess.run(base, capture_output=True, text=True, timeout=300)
+    history = subprocess.run(base + ["--draft-lookup", "2"], capture_output=True, text=True, timeout=300)
+    assert plain.returncode == 0 and history.returncode == 0, plain.stderr + history.stderr
+    assert "from the history" not in plain.stderr
+    assert "no drafter; from the history: drafted" in history.stderr
+    assert history.stdout == plain.stdout  # the repeated lines are no near-ties

@@ -603,10 +603,10 @@ typedef struct dflash_scheduler_params {
     int32_t n_min;    /* shorter drafts are not verified */
     float   p_min;    /* greedy: cut a draft before the first pick its drafter gave p < p_min */
     int32_t n_batch;  /* most target rows per step (0 = the target's n_batch) */
-    int32_t lookup;   /* greedy sequences with a drafter also draft from their own history: the
-                       * tokens after the latest earlier occurrence of their last `lookup`..4
-                       * tokens, verified in place of the drafter's block where that is priced
-                       * to pay (default 2; 0 = off) */
+    int32_t lookup;   /* greedy sequences also draft from their own history: the tokens after
+                       * the latest earlier occurrence of their last `lookup`..4 tokens, verified
+                       * in place of the drafter's block where that is priced to pay; with no
+                       * drafter (NULL), these are the only drafts (default 2; 0 = off) */
 } dflash_scheduler_params;
 
 typedef struct dflash_request_params {

@@ -584,9 +584,20 @@ void Scheduler::flush_features(Slot & slot, DraftSource & src) {
 
 // -- drafting and accepting ----------------------------------------------------------------------
 
+// Whether s may verify drafts from its own history: a greedy sequence that drafts, on this
+// scheduler's drafter or on none (a target loaded without a drafter still gains where its text
+// repeats); a request's own draft source (tests' replays) keeps its drafts.
+bool Scheduler::lookup_allowed(const Sequence & s) const {
+    if (params_.lookup <= 0 || s.req.n_max == 0 || (s.req.n_max < 0 && params_.n_max == 0) ||
+        s.req.gen.sampling.temperature > 0.0f) {
+        return false;
+    }
+    return s.source ? s.source == s.slot->dflash.get() : !s.req.draft_source && !s.slot->dflash;
+}
+
 // How many drafts s may verify this step (0: none), from its own limits.
 int32_t Scheduler::draft_cap(const Sequence & s) const {
-    if (!s.source) {
+    if (!s.source && !lookup_allowed(s)) {
         return 0;
     }
     int32_t k = s.req.n_max >= 0 ? s.req.n_max : params_.n_max >= 0 ? params_.n_max : max_width_;
@@ -604,8 +615,7 @@ int32_t Scheduler::draft_cap(const Sequence & s) const {
 // measured acceptance prices best against the target's measured (else modelled) cost of rows.
 // Fills s.draft and s.lookup_match when it returns > 0.
 int32_t Scheduler::lookup_width(Sequence & s, int32_t cap) {
-    if (params_.lookup <= 0 || cap <= 0 || !s.source || s.source != s.slot->dflash.get() || s.req.n_max == 0 ||
-        s.req.gen.sampling.temperature > 0.0f) {
+    if (cap <= 0 || !lookup_allowed(s)) {
         return 0;
     }
     const Slot & slot = *s.slot;

@@ -45,7 +45,9 @@ class Engine:
         lookup: greedy generations also draft from their own history: the tokens that followed
             the latest earlier occurrence of their last ``lookup``..4 tokens (code repeats names,
             lines and blocks), verified in place of the drafter's block where the loop prices it
-            to pay (a fixed n_max: wherever there is a match). Default 2; 0 = the drafter only.
+            to pay (a fixed n_max: wherever there is a match); 0 = the drafter only. Without a
+            drafter these are the only drafts (a target with no drafter still gains where its
+            output repeats). None (default): 2 with a drafter, 0 without (plain decoding).
         n_seq_max: sequences the engine holds at once (generate_batch, the server's slots).
         drafter_device: the ggml device the drafter computes on (``pydflash.runtime.devices``). ``"auto"``
             (the default) follows the target: the first GPU when ``n_gpu_layers != 0``, else the
@@ -68,7 +70,7 @@ class Engine:
         n_max: int | str | None = "auto",
         n_min: int = 0,
         p_min: float = 0.0,
-        lookup: int = 2,
+        lookup: int | None = None,
         n_seq_max: int = 1,
         n_batch: int = 512,
         exact_head: bool = False,
@@ -123,7 +125,8 @@ class Engine:
         d.crop(0)
 
     def _check_spec(self, n_max: int | None, n_min: int) -> tuple[int, int]:
-        block = self.drafter.info.block_size if self.drafter else 1
+        # without a drafter only history drafts are verified: up to 15 of them (the loop's cap)
+        block = self.drafter.info.block_size if self.drafter else 16
         if n_max is None:
             n_max = max(block - 1, 1)
         if not isinstance(n_max, int) or isinstance(n_max, bool) or n_max < 0:
@@ -162,7 +165,8 @@ class Engine:
         return max(drafting, key=lambda w: drafting[w]) if drafting else 0
 
     def tuning(self) -> dict[str, list[float]] | None:
-        """What auto mode has learned on this machine (None when n_max is fixed or no drafter)."""
+        """What auto mode has learned on this machine (None when n_max is fixed, or when nothing
+        drafts: no drafter and no history drafts)."""
         return self.scheduler.tuning() if self.scheduler is not None and self.scheduler.auto else None
 
     # -- lifetime ------------------------------------------------------------------------------

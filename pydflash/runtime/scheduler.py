@@ -70,25 +70,29 @@ class Scheduler:
             sequences share it with the decoding sequences' blocks.
         lookup: greedy sequences also draft from their own history (the tokens after the latest
             earlier occurrence of their last ``lookup``..4 tokens), verified in place of the
-            drafter's block where that is priced to pay; 0 = off.
+            drafter's block where that is priced to pay; 0 = off. Without a drafter these are
+            the only drafts. None (default): 2 with a drafter, 0 without (plain decoding).
     """
 
     def __init__(self, target, drafter=None, *, n_max: int | str = "auto", n_min: int = 0,  # type: ignore[no-untyped-def]
-                 p_min: float = 0.0, n_batch: int = 0, lookup: int = 2) -> None:
+                 p_min: float = 0.0, n_batch: int = 0, lookup: int | None = None) -> None:
         if n_max == "auto":
             n_max = -1
         if not isinstance(n_max, int) or isinstance(n_max, bool) or n_max < -1:
             raise errors.InvalidArgumentError(f"n_max must be an int >= 0 or 'auto', got {n_max!r}")
         if not isinstance(n_batch, int) or n_batch < 0:
             raise errors.InvalidArgumentError(f"n_batch must be an int >= 0, got {n_batch!r}")
+        if lookup is None:
+            lookup = 2 if drafter is not None else 0
         if not isinstance(lookup, int) or isinstance(lookup, bool) or not 0 <= lookup <= 4:
             raise errors.InvalidArgumentError(f"lookup must be an int in 0..4 (0 = off), got {lookup!r}")
         self.target = target
         self.drafter = drafter
-        self.auto = n_max == -1 and drafter is not None
+        self.auto = n_max == -1 and (drafter is not None or lookup > 0)
         params = ffi.new("dflash_scheduler_params *", lib.dflash_scheduler_default_params())
         params.n_max, params.n_min, params.p_min, params.n_batch = n_max, n_min, float(p_min), n_batch
         params.lookup = lookup
+        self.lookup = lookup
         out = ffi.new("dflash_scheduler **")
         check(lib.dflash_scheduler_create(target._h(), drafter._h() if drafter is not None else ffi.NULL, params, out))
         self._handle = out[0]

@@ -64,6 +64,8 @@ async def serve(config: ServerConfig) -> int:
         if e.drafter is not None:
             spec = "draft-dflash n_max " + ("auto" if e.auto_n_max else str(e.n_max))
             spec += f", p_min {e.p_min}" if e.p_min else ""
+        elif e.scheduler is not None and e.scheduler.lookup:
+            spec = f"history drafts only (--draft-lookup {e.scheduler.lookup})"
         print(f"pydflash serve: model loaded in {time.monotonic() - t0:.1f} s; n_ctx {steps.n_ctx_slot} per slot, "
               f"speculative {spec}", file=sys.stderr)
         where = ", ".join(f"http://{f'[{h}]' if ':' in h else h}:{port}" for h in config.hosts)

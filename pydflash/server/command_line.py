@@ -40,7 +40,8 @@ class ServerConfig:
     temperature: float = 0.8    # --temp: a request's default temperature
     n_predict: int = -1         # --n-predict: a request's default n_predict / max_tokens
     tags: tuple[str, ...] = ()  # --tags: shown in /v1/models
-    lookup: int = 2             # --draft-lookup: greedy requests also draft from their own history (0: off)
+    lookup: int | None = None   # --draft-lookup: greedy requests also draft from their own history (0: off;
+                                # None: 2 with a drafter, 0 without)
     cors_origins: str = "*"     # "*" (with credentials: the request's Origin is echoed), "localhost", or a list
     cors_methods: str = "GET, POST, DELETE, OPTIONS"
     cors_headers: str = "*"
@@ -80,9 +81,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--spec-draft-n-min", type=int, default=0, help="shorter drafts are not verified (default 0)")
     p.add_argument("--spec-draft-p-min", "--draft-p-min", type=float, default=0.0,
                    help="greedy: cut drafts at the first pick the drafter gives p < P (default 0 = off)")
-    p.add_argument("--draft-lookup", type=int, default=2, choices=range(5), metavar="N",
+    p.add_argument("--draft-lookup", type=int, default=None, choices=range(5), metavar="N",
                    help="greedy requests also draft the tokens that followed the latest earlier occurrence of "
-                        "their last N..4 tokens, where the loop prices it to pay (default 2; 0 = the drafter only)")
+                        "their last N..4 tokens, where the loop prices it to pay (0 = off; default 2 with a "
+                        "drafter, 0 without: given without -md, these are the only drafts)")
     p.add_argument("-c", "--ctx-size", type=int, default=4096,
                    help="total context, split evenly over the slots (default 4096; 0: the model's training "
                         "context)")
