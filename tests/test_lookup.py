@@ -35,15 +35,21 @@ def _plain(target, tokens):
     return target.generate(tokens, max_tokens=N, temperature=0, ignore_eos=True).tokens
 
 
+def _checked_greedy(engine):
+    """(prompt, stats) of each prompt's greedy generation, its tokens checked tie-aware against
+    the target's own plain decoding."""
+    for prompt in (REPEATING, PROSE):
+        tokens = engine.target.tokenize(prompt)
+        plain = _plain(engine.target, tokens)
+        spec = engine.generate(tokens, max_tokens=N, temperature=0, ignore_eos=True)
+        _tie_aware_equal(engine.target, tokens, plain, spec.tokens)
+        yield prompt, spec.stats
+
+
 @pytest.mark.parametrize("n_max", [3, 7])
 def test_lookup_drafts_keep_greedy_output_and_get_accepted(smollm2_path, drafter_path, n_max):
     with Engine(smollm2_path, drafter_path, n_ctx=512, n_threads=2, n_max=n_max, lookup=2) as engine:
-        for prompt in (REPEATING, PROSE):
-            tokens = engine.target.tokenize(prompt)
-            plain = _plain(engine.target, tokens)
-            spec = engine.generate(tokens, max_tokens=N, temperature=0, ignore_eos=True)
-            _tie_aware_equal(engine.target, tokens, plain, spec.tokens)
-            st = spec.stats
+        for prompt, st in _checked_greedy(engine):
             assert 0 <= st.n_lookup_accepted <= st.n_lookup_drafted <= st.n_drafted <= n_max * st.n_verify_steps
             assert st.n_lookup_accepted <= st.n_accepted
             if prompt is REPEATING:  # the repeated lines are drafted from the history and accepted
@@ -97,17 +103,13 @@ def test_history_drafts_without_a_drafter(smollm2_path, n_max):
     """A target loaded without a drafter, asked for history drafts (lookup=2): they are the only
     drafts, greedy output stays plain decoding's, sampled requests decode plainly."""
     with Engine(smollm2_path, None, n_ctx=512, n_threads=2, n_max=n_max, lookup=2) as engine:
-        for prompt in (REPEATING, PROSE):
-            tokens = engine.target.tokenize(prompt)
-            plain = _plain(engine.target, tokens)
-            spec = engine.generate(tokens, max_tokens=N, temperature=0, ignore_eos=True)
-            _tie_aware_equal(engine.target, tokens, plain, spec.tokens)
-            st = spec.stats
+        for prompt, st in _checked_greedy(engine):
             assert st.n_drafted == st.n_lookup_drafted and st.n_accepted == st.n_lookup_accepted
             if n_max == 4:
                 assert st.n_drafted <= 4 * st.n_verify_steps
             if prompt is REPEATING:  # auto drafts where the measured costs price it to pay
                 assert st.n_lookup_accepted >= 6 if n_max == 4 else st.n_lookup_drafted > 0
+        tokens = engine.target.tokenize(REPEATING)
         sampled = engine.generate(tokens, max_tokens=N, temperature=0.8, seed=1, ignore_eos=True)
         assert sampled.stats.n_drafted == 0 and sampled.stats.n_generated == N
 
