@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from pydflash import Engine
-from pydflash.tools.autotune import AcceptanceModel, AutoTuner, CostModel, expected_tokens, nondecreasing
+from pydflash.tools.autotune import AcceptanceModel, AutoTuner, CostModel, _best_ms, expected_tokens, nondecreasing
 from pydflash.formats.convert import convert
 from fixtures_tiny import smollm2_drafter_config, write_checkpoint
 
@@ -69,6 +69,15 @@ def test_tuner_switches_off_when_nothing_pays_and_probes_later():
     tuner.acceptance.observe(50, first, [1] * first)  # almost nothing accepted
     picks = [tuner.choose() for _ in range(8)]
     assert picks.count(0) == 6 and all(p >= 1 for i, p in enumerate(picks) if (i + 2) % 4 == 0), picks
+
+
+def test_costs_are_timed_after_a_call_of_the_same_shape():
+    """A timed call never follows a call of another shape (that one would pay llama.cpp's graph
+    rebuild, which the loop does not pay every step): each is preceded by an untimed twin."""
+    calls: list[str] = []
+    fns = [lambda name=name: calls.append(name) for name in ("plain", "verify2", "draft1")]
+    _best_ms(fns, repeats=2)
+    assert calls == ["plain", "plain", "verify2", "verify2", "draft1", "draft1"] * 2
 
 
 def test_nondecreasing_is_least_squares_monotone_fit():
