@@ -610,8 +610,8 @@ int32_t Scheduler::draft_cap(const Sequence & s) const {
 }
 
 // How many tokens of a draft from s's own history to verify this step (0: none; then the drafter
-// drafts as the width says): a greedy sequence on this scheduler's drafter whose history holds a
-// match. With a fixed n_max the whole proposal (up to the cap), under auto the width that its
+// drafts as the width says): a sequence lookup_allowed() admits whose history holds a match.
+// With a fixed n_max the whole proposal (up to the cap), under auto the width that its
 // measured acceptance prices best against the target's measured (else modelled) cost of rows.
 // Fills s.draft and s.lookup_match when it returns > 0.
 int32_t Scheduler::lookup_width(Sequence & s, int32_t cap) {
