@@ -7,12 +7,14 @@ step and log), and refusals of a file of another kind or another drafter config.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
 from pydflash.reference import DFlashDrafter
 from pydflash.train.pipeline import load_portable, save_portable
-from pydflash.train.trainer import Trainer, TrainSettings
+from pydflash.train.forward import forward_blocks
+from pydflash.train.trainer import Trainer, TrainSettings, make_batch
 
 from fixtures_tiny import random_target
 from test_train import full_attention_config, random_sequences
@@ -45,3 +47,52 @@ def test_portable_checkpoint_round_trip(tmp_path):
     torch.save({"step": 1}, tmp_path / "x.pt")
     with pytest.raises(ValueError, match="not a portable"):
         load_portable(fresh, tmp_path / "x.pt")
+
+
+def _one_layer_config():
+    return full_attention_config(num_hidden_layers=1, layer_types=("full_attention",))
+
+
+def test_a_grown_drafter_starts_as_the_trained_one_and_trains_its_new_layers(tmp_path):
+    """--grow-from: the deeper drafter's blocks equal the shallow drafter's (the float64 reference
+    forward of the saved bf16 weights), the schedule restarts, and the new layers start learning."""
+    cfg = _one_layer_config()
+    target = random_target(cfg.vocab_size, cfg.hidden_size, seed=1, dtype=torch.float32)
+    seqs = random_sequences(cfg, 4, 20)
+    settings = TrainSettings(steps=3, lr=1e-3, warmup=2, eval_every=3, seed=2, draft_vocab=48)
+    shallow = Trainer(DFlashDrafter.from_config(cfg, seed=0), target, seqs, seqs[:1], settings, tmp_path / "a")
+    shallow.fit()
+    path = save_portable(shallow, tmp_path / "portable.pt")
+
+    deep_cfg = full_attention_config(num_hidden_layers=3, layer_types=("full_attention",) * 3)
+    deep = Trainer(DFlashDrafter.from_config(deep_cfg, seed=5), target, seqs, seqs[:1],
+                   TrainSettings(**{**settings.__dict__, "steps": 6}), tmp_path / "b")
+    with pytest.raises(ValueError, match="another drafter config"):
+        load_portable(deep, path)  # a deeper config needs grow=True
+    assert load_portable(deep, path, grow=True) == 3 and deep.schedule_start == 3
+    assert torch.equal(deep.draft_vocab, shallow.draft_vocab)
+
+    reference = DFlashDrafter.from_config(cfg, seed=9, dtype=torch.float64)
+    reference.load_state_dict({k: v.to(torch.bfloat16).to(torch.float64) for k, v in shallow.model.state_dict().items()})
+    grown = deep.model.double()
+    batch = make_batch(seqs[:2], [np.array([3, 7, 12]), np.array([4, 9, 15])], cfg.block_size, cfg.mask_token_id)
+    target64 = random_target(cfg.vocab_size, cfg.hidden_size, seed=1)
+    want_h, want_z = forward_blocks(reference, batch.features.double(), batch.block_tokens, batch.anchors, target64)
+    got_h, got_z = forward_blocks(grown, batch.features.double(), batch.block_tokens, batch.anchors, target64)
+    torch.testing.assert_close(got_h, want_h, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(got_z, want_z, rtol=1e-12, atol=1e-12)
+
+    deep.model.float()
+    rec = deep.train_step()
+    assert rec["lr"] == pytest.approx(settings.lr / settings.warmup)  # warm-up again, from the grown step
+    for i in (1, 2):
+        assert deep.model.layers[i].self_attn.o_proj.weight.abs().max() > 0
+        assert deep.model.layers[i].mlp.down_proj.weight.abs().max() > 0
+    deep.save_checkpoint()
+    again = Trainer(DFlashDrafter.from_config(deep_cfg, seed=6), target, seqs, seqs[:1], deep.settings, tmp_path / "b")
+    assert again.load_checkpoint() and again.schedule_start == 3 and again.step == 4
+
+    with pytest.raises(ValueError, match="more layers"):
+        load_portable(Trainer(DFlashDrafter.from_config(cfg, seed=0), target, seqs, [], settings, tmp_path / "c"),
+                      deep_path := save_portable(deep, tmp_path / "deep.pt"), grow=True)
+    assert deep_path.exists()

@@ -27,7 +27,7 @@ from ..formats.convert import read_gguf_header, read_gguf_tensor
 from ..reference.config import DFlashConfig
 from ..reference.model import DFlashDrafter
 
-__all__ = ["init_from_target", "target_facts"]
+__all__ = ["grow_layers", "init_from_target", "target_facts"]
 
 _INTERLEAVED_ROPE_ARCHS = {"llama"}
 
@@ -132,3 +132,35 @@ def init_from_target(model: DFlashDrafter, target_gguf: str | os.PathLike, *, se
             sel.successor_codebook.copy_(torch.randn(sel.successor_codebook.shape, generator=gen) / r**0.25)
             sel.hidden_projection.weight.zero_()
     return copied
+
+
+def grow_layers(model: DFlashDrafter, trained: dict[str, torch.Tensor], trained_layers: int) -> list[str]:
+    """Start ``model`` from a trained drafter with fewer layers (otherwise the same config).
+
+    The trained layers keep their place at the bottom; each new layer on top is a copy of the top
+    trained layer with its two residual branches closed (``o_proj`` and ``down_proj`` zero), so it
+    is the identity and the deeper drafter starts with exactly the trained drafter's outputs.
+    Gradients still reach the closed projections (their inputs are not zero), so the new layers
+    open up as training goes on. Returns what was set.
+    """
+    n = model.config.num_hidden_layers
+    if not 0 < trained_layers < n:
+        raise ValueError(f"can only grow to more layers: {trained_layers} -> {n}")
+    state = model.state_dict()
+    top = f"layers.{trained_layers - 1}."
+    grown = {}
+    for name in state:
+        if not name.startswith("layers."):
+            src = name
+        else:
+            i, rest = name[len("layers."):].split(".", 1)
+            src = name if int(i) < trained_layers else top + rest
+        if src not in trained or trained[src].shape != state[name].shape:
+            raise ValueError(f"the trained drafter has no {src} of shape {tuple(state[name].shape)}")
+        grown[name] = trained[src].to(state[name].dtype)
+    for i in range(trained_layers, n):
+        grown[f"layers.{i}.self_attn.o_proj.weight"] = torch.zeros_like(grown[f"layers.{i}.self_attn.o_proj.weight"])
+        grown[f"layers.{i}.mlp.down_proj.weight"] = torch.zeros_like(grown[f"layers.{i}.mlp.down_proj.weight"])
+    model.load_state_dict(grown)
+    return [f"layers.0..{trained_layers - 1} and the rest <- the trained drafter",
+            f"layers.{trained_layers}..{n - 1} <- layers.{trained_layers - 1} with o_proj = down_proj = 0 (identity)"]

@@ -173,21 +173,38 @@ def save_portable(trainer, path: str | os.PathLike) -> Path:  # type: ignore[no-
     return path
 
 
-def load_portable(trainer, path: str | os.PathLike) -> int:  # type: ignore[no-untyped-def]
-    """Start ``trainer`` from a ``save_portable`` file (same drafter config); returns its step."""
+def load_portable(trainer, path: str | os.PathLike, *, grow: bool = False) -> int:  # type: ignore[no-untyped-def]
+    """Start ``trainer`` from a ``save_portable`` file (same drafter config); returns its step.
+
+    ``grow``: the file may hold a drafter with fewer layers (otherwise the same config); the new
+    layers go on top as the identity (``init.grow_layers``) and the learning-rate schedule starts
+    afresh at the file's step (warm-up, then cosine to ``settings.steps``), since the new layers
+    start untrained."""
     import torch
+
+    from .init import grow_layers
 
     state = torch.load(path, weights_only=False)
     if state.get("format") != "pydflash-train-portable-1":
         raise ValueError(f"{path} is not a portable training checkpoint (pydflash train --save-portable)")
-    if state["config"] != trainer.model.config.to_hf():
-        raise ValueError(f"{path} was trained with another drafter config")
-    trainer.model.load_state_dict({k: v.to(torch.float32) for k, v in state["model"].items()})
+    mine = trainer.model.config.to_hf()
+    weights = {k: v.to(torch.float32) for k, v in state["model"].items()}
+    if state["config"] == mine:
+        trainer.model.load_state_dict(weights)
+    else:
+        layer_keys = ("num_hidden_layers", "layer_types")
+        other = {k: v for k, v in state["config"].items() if k not in layer_keys}
+        if not grow or other != {k: v for k, v in mine.items() if k not in layer_keys}:
+            raise ValueError(f"{path} was trained with another drafter config"
+                             + ("" if grow else " (--grow-from adds layers to a shallower one)"))
+        grow_layers(trainer.model, weights, int(state["config"]["num_hidden_layers"]))
     if state.get("draft_vocab") is not None and len(state["draft_vocab"]) == trainer.settings.draft_vocab:
         trainer._set_draft_vocab(state["draft_vocab"])
         trainer.draft_vocab_report = dict(state.get("draft_vocab_report") or {})
     trainer.step = int(state["step"])
     trainer.history = list(state.get("history") or [])
+    if grow and state["config"] != mine:
+        trainer.schedule_start = trainer.step
     return trainer.step
 
 
@@ -253,6 +270,9 @@ def build_parser(prog: str = "pydflash train") -> argparse.ArgumentParser:
     p.add_argument("--curve-n-max", type=int, default=7, help="n_max of the --curve measurement")
     p.add_argument("--resume-from", default=None,
                    help="a portable checkpoint (--save-portable) to start from when --out holds no checkpoint yet")
+    p.add_argument("--grow-from", default=None,
+                   help="like --resume-from, from a drafter with fewer --layers: the new layers go on top as the "
+                        "identity and the learning-rate schedule restarts (warm-up, cosine to --steps)")
     p.add_argument("--save-portable", default=None,
                    help="after training, write the weights (bf16), draft vocabulary, step and log here: what the "
                         "next run needs to continue, small enough to commit")
@@ -264,6 +284,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not 0.0 <= args.soft_weight <= 1.0:
         parser.error(f"--soft-weight must be within [0, 1], got {args.soft_weight}")
+    if args.resume_from and args.grow_from:
+        parser.error("give --resume-from or --grow-from, not both")
     try:
         import torch
     except ImportError:
@@ -318,8 +340,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                       teacher=teacher)
     if trainer.load_checkpoint():
         log(f"resumed from {trainer.checkpoint_path} at step {trainer.step}")
-    elif args.resume_from:
-        log(f"started from the portable checkpoint {args.resume_from} at step {load_portable(trainer, args.resume_from)}")
+    elif args.resume_from or args.grow_from:
+        src = args.grow_from or args.resume_from
+        try:
+            step = load_portable(trainer, src, grow=bool(args.grow_from))
+        except (OSError, ValueError) as e:
+            parser.error(str(e))
+        log(f"started from the portable checkpoint {src} at step {step}"
+            + (f" ({config.num_hidden_layers} layers, schedule from step {trainer.schedule_start})" if args.grow_from else ""))
     else:
         log(json.dumps({"init": init_notes, "config": config.to_hf(), "train_sequences": len(train_seqs),
                         "val_sequences": len(val_seqs), "train_tokens": sum(len(s.tokens) for s in train_seqs),

@@ -254,6 +254,7 @@ class Trainer:
                                            betas=(0.9, 0.95), fused=True)
         self.generator = torch.Generator().manual_seed(settings.seed)
         self.step = 0
+        self.schedule_start = 0  # the step where the learning-rate schedule began (a grown drafter restarts it)
         self.history: list[dict] = []
         self.weights = slot_weights(model.config.block_size, settings.gamma)
         self._val_batch: Batch | None = None
@@ -288,6 +289,7 @@ class Trainer:
     def save_checkpoint(self) -> Path:
         state = {
             "step": self.step,
+            "schedule_start": self.schedule_start,
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "generator": self.generator.get_state(),
@@ -318,6 +320,7 @@ class Trainer:
         self.optimizer.load_state_dict(state["optimizer"])
         self.generator.set_state(state["generator"])
         self.step = int(state["step"])
+        self.schedule_start = int(state.get("schedule_start", 0))
         self.history = list(state["history"])
         saved = state.get("draft_vocab")
         wanted = self.settings.draft_vocab
@@ -394,7 +397,7 @@ class Trainer:
     def train_step(self, batch: Batch | None = None) -> dict:
         st = self.settings
         batch = self.sample_batch() if batch is None else batch
-        lr = lr_at(self.step, st.steps, st.lr, st.warmup)
+        lr = lr_at(self.step - self.schedule_start, st.steps - self.schedule_start, st.lr, st.warmup)
         for g in self.optimizer.param_groups:
             g["lr"] = lr
         self.model.train()
