@@ -273,6 +273,9 @@ def build_parser(prog: str = "pydflash train") -> argparse.ArgumentParser:
     p.add_argument("--grow-from", default=None,
                    help="like --resume-from, from a drafter with fewer --layers: the new layers go on top as the "
                         "identity and the learning-rate schedule restarts (warm-up, cosine to --steps)")
+    p.add_argument("--new-schedule", action="store_true",
+                   help="with --resume-from: restart the learning-rate schedule at the resumed step (warm-up, "
+                        "cosine to --steps), e.g. for a chunk on newly captured data")
     p.add_argument("--save-portable", default=None,
                    help="after training, write the weights (bf16), draft vocabulary, step and log here: what the "
                         "next run needs to continue, small enough to commit")
@@ -346,8 +349,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             step = load_portable(trainer, src, grow=bool(args.grow_from))
         except (OSError, ValueError) as e:
             parser.error(str(e))
+        if args.new_schedule:
+            trainer.schedule_start = step
         log(f"started from the portable checkpoint {src} at step {step}"
-            + (f" ({config.num_hidden_layers} layers, schedule from step {trainer.schedule_start})" if args.grow_from else ""))
+            + (f" ({config.num_hidden_layers} layers)" if args.grow_from else "")
+            + (f", learning-rate schedule from step {trainer.schedule_start}" if trainer.schedule_start else ""))
     else:
         log(json.dumps({"init": init_notes, "config": config.to_hf(), "train_sequences": len(train_seqs),
                         "val_sequences": len(val_seqs), "train_tokens": sum(len(s.tokens) for s in train_seqs),
