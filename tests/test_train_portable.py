@@ -20,14 +20,19 @@ from fixtures_tiny import random_target
 from test_train import full_attention_config, random_sequences
 
 
-def test_portable_checkpoint_round_trip(tmp_path):
-    cfg = full_attention_config()
+def _saved_after_three_steps(cfg, tmp_path, *, warmup: int):  # type: ignore[no-untyped-def]
+    """A drafter of ``cfg`` trained 3 steps and saved portable: (trainer, file, target, seqs, settings)."""
     target = random_target(cfg.vocab_size, cfg.hidden_size, seed=1, dtype=torch.float32)
     seqs = random_sequences(cfg, 4, 20)
-    settings = TrainSettings(steps=3, lr=1e-3, warmup=1, eval_every=3, seed=2, draft_vocab=48)
+    settings = TrainSettings(steps=3, lr=1e-3, warmup=warmup, eval_every=3, seed=2, draft_vocab=48)
     trained = Trainer(DFlashDrafter.from_config(cfg, seed=0), target, seqs, seqs[:1], settings, tmp_path / "a")
     trained.fit()
-    path = save_portable(trained, tmp_path / "portable.pt")
+    return trained, save_portable(trained, tmp_path / "portable.pt"), target, seqs, settings
+
+
+def test_portable_checkpoint_round_trip(tmp_path):
+    cfg = full_attention_config()
+    trained, path, target, seqs, settings = _saved_after_three_steps(cfg, tmp_path, warmup=1)
 
     fresh = Trainer(DFlashDrafter.from_config(cfg, seed=7), target, seqs[1:], seqs[:1],
                     TrainSettings(**{**settings.__dict__, "steps": 5}), tmp_path / "b")
@@ -57,12 +62,7 @@ def test_a_grown_drafter_starts_as_the_trained_one_and_trains_its_new_layers(tmp
     """--grow-from: the deeper drafter's blocks equal the shallow drafter's (the float64 reference
     forward of the saved bf16 weights), the schedule restarts, and the new layers start learning."""
     cfg = _one_layer_config()
-    target = random_target(cfg.vocab_size, cfg.hidden_size, seed=1, dtype=torch.float32)
-    seqs = random_sequences(cfg, 4, 20)
-    settings = TrainSettings(steps=3, lr=1e-3, warmup=2, eval_every=3, seed=2, draft_vocab=48)
-    shallow = Trainer(DFlashDrafter.from_config(cfg, seed=0), target, seqs, seqs[:1], settings, tmp_path / "a")
-    shallow.fit()
-    path = save_portable(shallow, tmp_path / "portable.pt")
+    shallow, path, target, seqs, settings = _saved_after_three_steps(cfg, tmp_path, warmup=2)
 
     deep_cfg = full_attention_config(num_hidden_layers=3, layer_types=("full_attention",) * 3)
     deep = Trainer(DFlashDrafter.from_config(deep_cfg, seed=5), target, seqs, seqs[:1],
