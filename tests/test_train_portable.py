@@ -96,3 +96,16 @@ def test_a_grown_drafter_starts_as_the_trained_one_and_trains_its_new_layers(tmp
         load_portable(Trainer(DFlashDrafter.from_config(cfg, seed=0), target, seqs, [], settings, tmp_path / "c"),
                       deep_path := save_portable(deep, tmp_path / "deep.pt"), grow=True)
     assert deep_path.exists()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--resume-from", "a.pt", "--grow-from", "b.pt"], "not both"),
+    (["--new-schedule"], "restarts the schedule of a --resume-from run"),
+    (["--grow-from", "b.pt", "--new-schedule"], "restarts the schedule of a --resume-from run"),
+])
+def test_pydflash_train_refuses_contradictory_start_options(argv, message, tmp_path, capsys):
+    from pydflash.train.pipeline import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["--target", "smollm2-135m", "--out", str(tmp_path / "run"), *argv])
+    assert e.value.code == 2 and message in capsys.readouterr().err.splitlines()[-1]

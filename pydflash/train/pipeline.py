@@ -289,6 +289,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--soft-weight must be within [0, 1], got {args.soft_weight}")
     if args.resume_from and args.grow_from:
         parser.error("give --resume-from or --grow-from, not both")
+    if args.new_schedule and not args.resume_from:
+        parser.error("--new-schedule restarts the schedule of a --resume-from run (--grow-from always does)")
     try:
         import torch
     except ImportError:

@@ -254,7 +254,7 @@ class Trainer:
                                            betas=(0.9, 0.95), fused=True)
         self.generator = torch.Generator().manual_seed(settings.seed)
         self.step = 0
-        self.schedule_start = 0  # the step where the learning-rate schedule began (a grown drafter restarts it)
+        self.schedule_start = 0  # the step where the learning-rate schedule began (--grow-from / --new-schedule restart it)
         self.history: list[dict] = []
         self.weights = slot_weights(model.config.block_size, settings.gamma)
         self._val_batch: Batch | None = None
