@@ -189,7 +189,8 @@ def load_portable(trainer, path: str | os.PathLike, *, grow: bool = False) -> in
         raise ValueError(f"{path} is not a portable training checkpoint (pydflash train --save-portable)")
     mine = trainer.model.config.to_hf()
     weights = {k: v.to(torch.float32) for k, v in state["model"].items()}
-    if state["config"] == mine:
+    deeper = state["config"] != mine
+    if not deeper:
         trainer.model.load_state_dict(weights)
     else:
         layer_keys = ("num_hidden_layers", "layer_types")
@@ -203,7 +204,7 @@ def load_portable(trainer, path: str | os.PathLike, *, grow: bool = False) -> in
         trainer.draft_vocab_report = dict(state.get("draft_vocab_report") or {})
     trainer.step = int(state["step"])
     trainer.history = list(state.get("history") or [])
-    if grow and state["config"] != mine:
+    if deeper:
         trainer.schedule_start = trainer.step
     return trainer.step
 
