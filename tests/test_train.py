@@ -137,7 +137,7 @@ def test_draft_vocab_loss_equals_the_full_softmax_restricted_to_kept_rows(tmp_pa
     assert counts[ids].min() >= np.delete(counts, ids).max()  # the most frequent continuation labels
     anchors = [np.array([2, 5, 9, 16]), np.array([2, 7, 12, 17]), np.array([2, 3, 5, 7])]
     batch = make_batch(seqs, anchors, cfg.block_size, cfg.mask_token_id)
-    lm, sel = tr.losses(batch)
+    lm, sel, _ = tr.losses(batch)
 
     sel_mod, w = model.candidate_selector, slot_weights(cfg.block_size, 4.0).double()
     kept = set(ids.tolist())
@@ -179,7 +179,7 @@ def test_head_on_counted_slots_equals_the_all_slots_loss(tmp_path):
     batch = make_batch(seqs, [np.array([1, 5, 9, 17]), np.array([2, 7, 12, 18]), np.array([2, 3, 5, 7])],
                        cfg.block_size, cfg.mask_token_id)
     assert not batch.valid.all()
-    lm, sel = tr.losses(batch)
+    lm, sel, _ = tr.losses(batch)
     hidden, logits = forward_blocks(model, batch.features, batch.block_tokens, batch.anchors, target)
     slots = cfg.block_size - 1
     h, z = hidden[:, :, 1:].reshape(-1, slots, cfg.hidden_size), logits[:, :, 1:].reshape(-1, slots, cfg.vocab_size)
@@ -225,11 +225,11 @@ def test_a_few_steps_lower_the_loss_on_a_fixed_batch(tmp_path):
                       tmp_path)
     batch = trainer.sample_batch()
     with torch.no_grad():
-        lm0, sel0 = trainer.losses(batch)
+        lm0, sel0, _ = trainer.losses(batch)
     for _ in range(40):
         trainer.train_step(batch)
     with torch.no_grad():
-        lm1, sel1 = trainer.losses(batch)
+        lm1, sel1, _ = trainer.losses(batch)
     assert float(lm1) < 0.5 * float(lm0), (float(lm0), float(lm1))
     assert float(sel1) < float(sel0), (float(sel0), float(sel1))
 

@@ -47,9 +47,10 @@ def batched_conv(z: Tensor, coeff: Tensor, base: Tensor, group_size: int) -> Ten
 
 
 def _layer(layer, h: Tensor, ctx_k: Tensor, ctx_v: Tensor, ctx_visible: Tensor, rope_blk: tuple[Tensor, Tensor],
-           n_anchor: int) -> Tensor:
+           n_anchor: int, probe_head: int | None = None) -> tuple[Tensor, Tensor | None]:
     """One decoder layer for blocks ``h`` [S*A, B, H] (see ``DecoderLayer.forward``); ``ctx_k`` /
-    ``ctx_v`` [S, n, kv, d], ``ctx_visible`` [S*A, n]."""
+    ``ctx_v`` [S, n, kv, d], ``ctx_visible`` [S*A, n]. With ``probe_head`` also returns that query
+    head's attention weights from slot 1 over the context rows, [S, A, n]."""
     attn = layer.self_attn
     n_blocks, blk, hidden = h.shape
     a = layer.input_layernorm(h)
@@ -76,6 +77,7 @@ def _layer(layer, h: Tensor, ctx_k: Tensor, ctx_v: Tensor, ctx_visible: Tensor, 
     s_ctx = s_ctx.masked_fill(hidden_ctx, float("-inf"))
     probs = torch.softmax(torch.cat([s_ctx, s_blk], dim=-1), dim=-1)
     p_ctx, p_blk = probs[..., :n_ctx], probs[..., n_ctx:]
+    probe = None if probe_head is None else p_ctx[:, probe_head // rep, :, 1, probe_head % rep, :]
     o = (torch.einsum("skabrn,snkd->sabkrd", p_ctx, ctx_v)
          + torch.einsum("skabrc,sackd->sabkrd", p_blk, vb.view(n_seq, n_anchor, blk, n_kv, d)))
     o = attn.o_proj(o.reshape(n_blocks, blk, attn.n_head * d))
@@ -91,7 +93,7 @@ def _layer(layer, h: Tensor, ctx_k: Tensor, ctx_v: Tensor, ctx_visible: Tensor, 
     f = layer.mlp(m)
     if conv is not None:
         f = batched_conv(f, coeffs[:, :, 1], conv.base_kernel[1], conv.group_size)
-    return h + f
+    return h + f, probe
 
 
 def _rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
@@ -101,7 +103,8 @@ def _rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 
 def forward_blocks(model: DFlashDrafter, features: Tensor, block_tokens: Tensor, anchors: Tensor,
-                   target: TargetWeights, *, with_logits: bool = True) -> tuple[Tensor, Tensor | None]:
+                   target: TargetWeights, *, with_logits: bool = True,
+                   probe: tuple[int, list[Tensor]] | None = None) -> tuple[Tensor, Tensor | None]:
     """Final-normed hidden (and logits) of ``S*A`` blocks.
 
     Args:
@@ -110,6 +113,8 @@ def forward_blocks(model: DFlashDrafter, features: Tensor, block_tokens: Tensor,
         block_tokens: ``[S, A, B]`` block inputs ([anchor, MASK, ...]).
         anchors: ``[S, A]`` anchor positions (the block of anchor s sits at s .. s+B-1; it sees
             context rows 0 .. s-1).
+        probe: ``(head, out)``: appends to ``out`` the last layer's attention weights of query
+            ``head`` from slot 1 over the context rows, ``[S, A, n]`` (n = the rows read).
     Returns:
         (hidden ``[S, A, B, H]``, logits ``[S, A, B, V]`` or None).
     """
@@ -128,13 +133,17 @@ def forward_blocks(model: DFlashDrafter, features: Tensor, block_tokens: Tensor,
     ctx_visible = ctx_pos[None, :] < anchors.reshape(-1, 1)  # [S*A, n]
 
     h = model.embed(block_tokens.reshape(-1, blk), target)  # [S*A, B, H]
-    for layer in model.layers:
+    for i, layer in enumerate(model.layers):
         attn = layer.self_attn
         k = attn.k_norm(attn.k_proj(g).view(n_seq, n_ctx, attn.n_head_kv, attn.head_dim))
         k = apply_rope(k.reshape(n_seq * n_ctx, attn.n_head_kv, -1),
                        ctx_cos.repeat(n_seq, 1), ctx_sin.repeat(n_seq, 1)).view(k.shape)
         v = attn.v_proj(g).view(n_seq, n_ctx, attn.n_head_kv, attn.head_dim)
-        h = _layer(layer, h, k, v, ctx_visible, rope_blk, n_anchor)
+        last = i == len(model.layers) - 1
+        h, probs = _layer(layer, h, k, v, ctx_visible, rope_blk, n_anchor,
+                          probe[0] if probe is not None and last else None)
+        if probs is not None:
+            probe[1].append(probs)  # type: ignore[index]
     hidden = model.norm(h)
     logits = model.logits(hidden, target) if with_logits else None
     shape = (n_seq, n_anchor, blk)

@@ -256,6 +256,15 @@ def build_parser(prog: str = "pydflash train") -> argparse.ArgumentParser:
     p.add_argument("--soft-weight", type=float, default=0.0,
                    help="weight of distillation to the target's own next-token distribution (its last layer run "
                         "on the cached taps; 0 = hard greedy labels only)")
+    p.add_argument("--copy-weight", type=float, default=0.0,
+                   help="weight of the copy-head loss: one attention head of the last layer is taught to look at "
+                        "the earlier rows holding the anchor's token (where the target's continuation repeats "
+                        "itself); 0 = off")
+    p.add_argument("--copy-head", type=int, default=1, help="the query head the copy-head loss trains")
+    p.add_argument("--copy-match", type=int, default=1,
+                   help="the copy head looks at the rows ending the longest earlier match of the anchor's last "
+                        "tokens, up to this many (1 = the anchor's token; 2 needs a drafter of 2+ layers to see "
+                        "the token before the anchor)")
     p.add_argument("--max-minutes", type=float, default=None, help="stop training after this long (resumable)")
     p.add_argument("--checkpoint-every", type=int, default=100)
     p.add_argument("--eval-every", type=int, default=100)
@@ -288,6 +297,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not 0.0 <= args.soft_weight <= 1.0:
         parser.error(f"--soft-weight must be within [0, 1], got {args.soft_weight}")
+    if args.copy_weight < 0:
+        parser.error(f"--copy-weight must be >= 0, got {args.copy_weight}")
+    if args.copy_match < 1:
+        parser.error(f"--copy-match must be >= 1, got {args.copy_match}")
     if args.resume_from and args.grow_from:
         parser.error("give --resume-from or --grow-from, not both")
     if args.new_schedule and not args.resume_from:
@@ -322,6 +335,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     config = build_config(facts, layers=args.layers, taps=taps, block_size=args.block_size,
                           selector_rank=args.selector_rank, selector_top_k=args.selector_top_k,
                           mask_token_id=args.mask_token_id)
+    if not 0 <= args.copy_head < config.num_attention_heads:
+        parser.error(f"--copy-head must be within [0, {config.num_attention_heads}), got {args.copy_head}")
     name = args.name or f"{Path(target_path).stem.split('-Q')[0]}-DFlash2"
     cache_dir = out / "cache"
     if not (args.export_only or args.no_capture):
@@ -338,7 +353,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                              lr=args.lr, gamma=args.gamma, seed=args.seed, checkpoint_every=args.checkpoint_every,
                              eval_every=args.eval_every, max_minutes=args.max_minutes,
                              max_len=args.max_prompt + args.max_new, draft_vocab=args.draft_vocab,
-                             autocast=args.autocast, soft_weight=args.soft_weight)
+                             autocast=args.autocast, soft_weight=args.soft_weight,
+                             copy_weight=args.copy_weight, copy_head=args.copy_head, copy_match=args.copy_match)
     cache = FeatureCache(cache_dir)
     train_seqs, val_seqs = _split(cache.sequences(decode=False), 0.05)
     teacher = LastLayerTeacher(target_path, weights.lm_head) if args.soft_weight > 0 else None

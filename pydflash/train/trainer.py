@@ -33,7 +33,7 @@ from ..reference.config import DFlashConfig
 from ..reference.model import DFlashDrafter, TargetWeights
 from .features import CapturedSequence, decode_features
 from .forward import check_trainable, forward_blocks
-from .loss import drafter_loss, greedy_acceptance, lr_at, selector_loss, slot_weights
+from .loss import copy_loss, drafter_loss, greedy_acceptance, lr_at, selector_loss, slot_weights
 from .teacher import LastLayerTeacher
 
 __all__ = ["TrainSettings", "Trainer", "Batch", "make_batch", "choose_draft_vocab", "export_draft_vocab",
@@ -65,6 +65,11 @@ class TrainSettings:
     # weight of the distillation term (cross-entropy to the target's own distribution over the
     # draft vocabulary, from LastLayerTeacher); 0 = hard greedy labels only
     soft_weight: float = 0.0
+    # weight of the copy-head attention supervision (loss.copy_loss) and the query head it trains
+    # (of the last layer); 0 = off
+    copy_weight: float = 0.0
+    copy_head: int = 1
+    copy_match: int = 1  # rows to look at: those ending the longest match (up to this many tokens) of the anchor's suffix
 
 
 @dataclass
@@ -75,6 +80,7 @@ class Batch:
     labels: torch.Tensor  # [S, A, B-1]
     prev_tokens: torch.Tensor  # [S, A, B-1] true predecessor of each slot
     valid: torch.Tensor  # [S, A, B-1] bool
+    copy_rows: torch.Tensor  # [S, A, n] bool: context rows j < s whose token is the anchor's (n = max anchor)
 
 
 def _features(seq: CapturedSequence, rows: int | None = None) -> np.ndarray:
@@ -88,7 +94,7 @@ def _features(seq: CapturedSequence, rows: int | None = None) -> np.ndarray:
 
 
 def make_batch(seqs: list[CapturedSequence], anchors: list[np.ndarray], block_size: int, mask_id: int,
-               label_rows: bool = False) -> Batch:
+               label_rows: bool = False, copy_match: int = 1) -> Batch:
     """Blocks for given anchors of given sequences (labels per the module docstring).
 
     Features are decoded only for the rows a block can see (below the largest anchor), or with
@@ -117,9 +123,33 @@ def make_batch(seqs: list[CapturedSequence], anchors: list[np.ndarray], block_si
     valid = (lab_p >= 0) & before.astype(bool)
     blk = np.full((n_seq, anc.shape[1], block_size), mask_id, dtype=np.int64)
     blk[..., 0] = tok[rows[..., 0], anc]
+    copy_rows = _copy_rows(tok, anc, copy_match)
     return Batch(torch.from_numpy(feats), torch.from_numpy(blk), torch.from_numpy(anc),
                  torch.from_numpy(np.where(valid, lab_p, 0)), torch.from_numpy(np.where(valid, tok_p, 0)),
-                 torch.from_numpy(valid))
+                 torch.from_numpy(valid), torch.from_numpy(copy_rows))
+
+
+def _copy_rows(tok: np.ndarray, anc: np.ndarray, match: int) -> np.ndarray:
+    """[S, A, n] (n = the context rows ``forward_blocks`` reads): the rows j < s that end the
+    longest match, up to ``match`` tokens, of the tokens ending at anchor s (j's token is s's,
+    j-1's is s-1's, ...); all rows holding s's token when no longer match exists."""
+    n_ctx = max(1, int(anc.max()))
+    rows_ = np.arange(tok.shape[0])[:, None, None]
+    j = np.arange(n_ctx)[None, None, :]
+    best = np.zeros((*anc.shape, n_ctx), dtype=bool)
+    same = j < anc[:, :, None]
+    for k in range(match):  # same: the k + 1 tokens ending at j equal those ending at s
+        back = j - k
+        same = same & (back >= 0) & (anc[:, :, None] - k >= 0)
+        same = same & (tok[rows_, np.maximum(back, 0)] == tok[rows_[..., 0], np.maximum(anc - k, 0)][..., None])
+        found = same.any(-1, keepdims=True)
+        best = np.where(found, same, best)
+    return best
+
+
+def _copy_mass(probs: torch.Tensor, b: Batch) -> float:
+    has = b.copy_rows.any(-1) & b.valid[:, :, 0]
+    return round(float((probs.float() * b.copy_rows).sum(-1)[has].mean()), 4) if bool(has.any()) else 0.0
 
 
 def _anchor_range(seq: CapturedSequence) -> tuple[int, int]:
@@ -339,16 +369,19 @@ class Trainer:
         for s in seqs:
             lo, hi = _anchor_range(s)
             anchors.append((lo + torch.randint(hi - lo + 1, (st.anchors_per_seq,), generator=self.generator)).numpy())
-        return make_batch(seqs, anchors, cfg.block_size, cfg.mask_token_id, label_rows=st.soft_weight > 0)
+        return make_batch(seqs, anchors, cfg.block_size, cfg.mask_token_id, label_rows=st.soft_weight > 0,
+                          copy_match=st.copy_match)
 
     def _autocast(self):  # type: ignore[no-untyped-def]
         return torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.bf16)
 
-    def _slots(self, batch: Batch, keep: torch.Tensor):  # type: ignore[no-untyped-def]
+    def _slots(self, batch: Batch, keep: torch.Tensor, probe: list | None = None):  # type: ignore[no-untyped-def]
         """Final hidden rows of the slots ``keep`` [S, A, B-1] (gathered, [M, H]) and their logits
-        over the draft vocabulary (or the full head) [M, V']."""
+        over the draft vocabulary (or the full head) [M, V']. ``probe``: receives the copy head's
+        slot-1 attention weights (``forward_blocks``)."""
         hidden, _ = forward_blocks(self.model, batch.features, batch.block_tokens, batch.anchors, self.target,
-                                   with_logits=False)
+                                   with_logits=False,
+                                   probe=None if probe is None else (self.settings.copy_head, probe))
         h = hidden[:, :, 1:][keep]
         cfg = self.model.config
         if cfg.logit_scale == 1.0 and not cfg.softcap > 0:  # DFlashDrafter.logits without its no-op multiply
@@ -356,7 +389,8 @@ class Trainer:
         return h, self.model.logits(h, self.head)
 
     def losses(self, batch: Batch):  # type: ignore[no-untyped-def]
-        """(drafter loss, selector loss) of ``batch``. The head runs on the counted slots only.
+        """(drafter loss, selector loss, copy-head loss) of ``batch``; the last is 0 unless
+        ``settings.copy_weight`` > 0. The head runs on the counted slots only.
 
         With a draft vocabulary, slots whose label is outside it are dropped from both losses: the
         engine can never draft that token (a reduced head has no row for it), so there is nothing
@@ -368,8 +402,10 @@ class Trainer:
             keep = keep & (self.to_draft[batch.labels] >= 0)
         w = self.weights.expand_as(keep)[keep]
         labels = batch.labels[keep]
+        probe: list | None = [] if self.settings.copy_weight > 0 else None
         with self._autocast():
-            h, logits = self._slots(batch, keep)
+            h, logits = self._slots(batch, keep, probe)
+        copy = torch.zeros(()) if not probe else copy_loss(probe[0], batch.copy_rows, batch.valid[:, :, 0])
         if self.bf16:
             h, logits = h.float(), logits.float()
         ones = torch.ones_like(labels, dtype=torch.bool)
@@ -380,7 +416,7 @@ class Trainer:
         if self.model.candidate_selector is not None:
             sel = selector_loss(self.model.candidate_selector, h, logits, batch.prev_tokens[keep], labels, ones, w,
                                 self.draft_vocab)
-        return lm, sel
+        return lm, sel, copy
 
     def _distillation(self, batch: Batch, keep: torch.Tensor, logits: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         """Weighted cross-entropy from the target's distribution at each counted slot's label row
@@ -401,15 +437,15 @@ class Trainer:
         for g in self.optimizer.param_groups:
             g["lr"] = lr
         self.model.train()
-        lm, sel = self.losses(batch)
-        loss = lm + st.selector_weight * sel
+        lm, sel, copy = self.losses(batch)
+        loss = lm + st.selector_weight * sel + st.copy_weight * copy
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
         self.optimizer.step()
         self.step += 1
         return {"step": self.step, "loss": float(loss.detach()), "drafter": float(lm.detach()), "selector": float(sel.detach()),
-                "lr": lr}
+                **({"copy": float(copy.detach())} if st.copy_weight > 0 else {}), "lr": lr}
 
     @torch.no_grad()
     def validate(self, max_blocks: int = 256) -> dict:
@@ -428,11 +464,12 @@ class Trainer:
             anchors = [np.sort(gen.integers(min(s.prompt_len, len(s.tokens) - 2), len(s.tokens) - 1, size=per))
                        for s in self.val_seqs]
             self._val_batch = make_batch(self.val_seqs, anchors, self.model.config.block_size,
-                                         self.model.config.mask_token_id)
+                                         self.model.config.mask_token_id, copy_match=self.settings.copy_match)
         b = self._val_batch
         self.model.eval()
+        probe: list = []
         with self._autocast():
-            h_rows, z_rows = self._slots(b, b.valid)
+            h_rows, z_rows = self._slots(b, b.valid, probe)
         # the walk needs every slot of a block: rows that do not count get zeros (never accepted)
         n_blocks, slots = b.valid.shape[0] * b.valid.shape[1], b.valid.shape[2]
         h = h_rows.new_zeros(b.valid.shape + h_rows.shape[-1:]).float()
@@ -451,7 +488,9 @@ class Trainer:
         w = self.weights.expand_as(b.valid)[b.valid]
         return {"val_tau": 1.0 + float(accepted.float().mean()),
                 "val_accept_per_slot": [round(float(x) / n_blocks, 4) for x in per_slot],
-                "val_loss": float(drafter_loss(z_rows.float(), lab, known, w))}
+                "val_loss": float(drafter_loss(z_rows.float(), lab, known, w)),
+                # slot 1's attention mass on the rows holding the anchor's token (the copy head's job)
+                "val_copy_mass": _copy_mass(probe[0], b)}
 
     def fit(self, on_step: Callable[[dict], None] | None = None) -> list[dict]:
         """Run until ``settings.steps`` (or ``max_minutes``), checkpointing and validating."""
