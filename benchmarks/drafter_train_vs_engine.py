@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -32,13 +33,14 @@ from pydflash.train import prompts as train_prompts
 from pydflash.train.features import FeatureCache
 from pydflash.train.init import target_facts
 from pydflash.train.loss import greedy_acceptance
-from pydflash.train.pipeline import _eog_ids, build_config, capture
+from pydflash.train.pipeline import _eog_ids, build_config, capture, load_portable
 from pydflash.train.trainer import Trainer, TrainSettings, make_batch
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--run", type=Path, required=True, help="training --out folder (its checkpoint.pt)")
+    ap.add_argument("--run", type=Path, default=None, help="training --out folder (its checkpoint.pt)")
+    ap.add_argument("--portable", default=None, help="or a portable checkpoint (pydflash train --save-portable)")
     ap.add_argument("--target", default="smollm2-135m")
     ap.add_argument("--layers", type=int, default=1)
     ap.add_argument("--block-size", type=int, default=8)
@@ -50,6 +52,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("gguf", nargs="*", help="exported drafters to run in the native engine")
     args = ap.parse_args()
+    if (args.run is None) == (args.portable is None):
+        ap.error("give --run or --portable")
     torch.set_num_threads(args.threads)
     tp = str(models.resolve(args.target))
     config = build_config(target_facts(tp), layers=args.layers, block_size=args.block_size)
@@ -58,9 +62,11 @@ def main() -> None:
     seqs = FeatureCache(args.cache).sequences(decode=False)
     model = DFlashDrafter(config)
     tr = Trainer(model, TargetWeights.from_gguf(tp), seqs, seqs,
-                 TrainSettings(steps=1, draft_vocab=args.draft_vocab, max_len=1 << 20), args.run,
-                 eog_ids=_eog_ids(tp))
-    if not tr.load_checkpoint():
+                 TrainSettings(steps=1, draft_vocab=args.draft_vocab, max_len=1 << 20),
+                 args.run or Path(tempfile.mkdtemp()), eog_ids=_eog_ids(tp))
+    if args.portable:
+        load_portable(tr, args.portable)
+    elif not tr.load_checkpoint():
         raise SystemExit(f"no checkpoint.pt in {args.run}")
     model.eval()
     uniform: list[int] = []
@@ -89,7 +95,7 @@ def main() -> None:
             walk_tokens += k + 1
             n_gen += k + 1
             a += k + 1
-    report = {"run": str(args.run), "step": tr.step, "sequences": len(tr.val_seqs),
+    report = {"run": str(args.run or args.portable), "step": tr.step, "sequences": len(tr.val_seqs),
               "uniform_anchor_tau": round(1 + float(np.mean(uniform)), 4),
               "walk_tau": round(walk_tokens / walk_steps, 4),
               "walk_accepted_per_position": (walk_pos / walk_steps).round(4).tolist(), "native": {}}

@@ -77,11 +77,16 @@ def test_probe_is_the_reference_attention_of_slot_1(monkeypatch):
     anchors = [np.array([2, 9, 14]), np.array([5, 7, 11])]
     b = make_batch(seqs, anchors, cfg.block_size, cfg.mask_token_id)
     rep = cfg.num_attention_heads // cfg.num_key_value_heads
-    for head in (0, rep + 1):  # a head of the first and of the second KV group
+    both: list[torch.Tensor] = []
+    with torch.no_grad():
+        forward_blocks(model, b.features.double(), b.block_tokens, b.anchors, target, probe=((0, rep + 1), both))
+    assert len(both) == 2
+    for k, head in enumerate((0, rep + 1)):  # a head of the first and of the second KV group
         out: list[torch.Tensor] = []
         with torch.no_grad():
             forward_blocks(model, b.features.double(), b.block_tokens, b.anchors, target, probe=(head, out))
         (probs,) = out
+        torch.testing.assert_close(both[k], probs, rtol=0, atol=0)
         n = int(b.anchors.max())
         assert probs.shape == (2, 3, n)
         seen: list[torch.Tensor] = []
@@ -116,7 +121,7 @@ def test_training_with_the_copy_loss_moves_the_head_onto_the_rows(tmp_path):
     for weight in (0.0, 1.0):
         model = DFlashDrafter.from_config(cfg, seed=0)
         tr = Trainer(model, target, seqs, [], TrainSettings(steps=30, lr=3e-3, warmup=1, copy_weight=weight,
-                                                            copy_head=2, draft_vocab=0), tmp_path / str(weight))
+                                                            copy_heads=(2,), draft_vocab=0), tmp_path / str(weight))
         batch = tr.sample_batch()
         for _ in range(30):
             tr.train_step(batch)
@@ -130,7 +135,9 @@ def test_training_with_the_copy_loss_moves_the_head_onto_the_rows(tmp_path):
 
 @pytest.mark.parametrize("argv, message", [
     (["--copy-weight", "-1"], "--copy-weight must be >= 0"),
-    (["--copy-head", "9", "--no-capture"], "--copy-head must be within [0, 9)"),
+    (["--copy-head", "9", "--no-capture"], "--copy-head must name distinct heads within [0, 9)"),
+    (["--copy-head", "1,1", "--no-capture"], "--copy-head must name distinct heads within [0, 9)"),
+    (["--copy-head", "one", "--no-capture"], "--copy-head takes comma-separated head numbers"),
 ])
 def test_pydflash_train_refuses_bad_copy_options(argv, message, tmp_path, capsys):
     from pydflash.train.pipeline import main

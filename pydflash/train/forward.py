@@ -14,6 +14,8 @@ parameters, same sub-modules) for ``A`` anchors of each of ``S`` padded sequence
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import Tensor
 
@@ -47,10 +49,10 @@ def batched_conv(z: Tensor, coeff: Tensor, base: Tensor, group_size: int) -> Ten
 
 
 def _layer(layer, h: Tensor, ctx_k: Tensor, ctx_v: Tensor, ctx_visible: Tensor, rope_blk: tuple[Tensor, Tensor],
-           n_anchor: int, probe_head: int | None = None) -> tuple[Tensor, Tensor | None]:
+           n_anchor: int, probe_heads: Sequence[int] = ()) -> tuple[Tensor, list[Tensor]]:
     """One decoder layer for blocks ``h`` [S*A, B, H] (see ``DecoderLayer.forward``); ``ctx_k`` /
-    ``ctx_v`` [S, n, kv, d], ``ctx_visible`` [S*A, n]. With ``probe_head`` also returns that query
-    head's attention weights from slot 1 over the context rows, [S, A, n]."""
+    ``ctx_v`` [S, n, kv, d], ``ctx_visible`` [S*A, n]. Also returns, for each of ``probe_heads``,
+    that query head's attention weights from slot 1 over the context rows, [S, A, n]."""
     attn = layer.self_attn
     n_blocks, blk, hidden = h.shape
     a = layer.input_layernorm(h)
@@ -77,7 +79,7 @@ def _layer(layer, h: Tensor, ctx_k: Tensor, ctx_v: Tensor, ctx_visible: Tensor, 
     s_ctx = s_ctx.masked_fill(hidden_ctx, float("-inf"))
     probs = torch.softmax(torch.cat([s_ctx, s_blk], dim=-1), dim=-1)
     p_ctx, p_blk = probs[..., :n_ctx], probs[..., n_ctx:]
-    probe = None if probe_head is None else p_ctx[:, probe_head // rep, :, 1, probe_head % rep, :]
+    probes = [p_ctx[:, head // rep, :, 1, head % rep, :] for head in probe_heads]
     o = (torch.einsum("skabrn,snkd->sabkrd", p_ctx, ctx_v)
          + torch.einsum("skabrc,sackd->sabkrd", p_blk, vb.view(n_seq, n_anchor, blk, n_kv, d)))
     o = attn.o_proj(o.reshape(n_blocks, blk, attn.n_head * d))
@@ -93,7 +95,7 @@ def _layer(layer, h: Tensor, ctx_k: Tensor, ctx_v: Tensor, ctx_visible: Tensor, 
     f = layer.mlp(m)
     if conv is not None:
         f = batched_conv(f, coeffs[:, :, 1], conv.base_kernel[1], conv.group_size)
-    return h + f, probe
+    return h + f, probes
 
 
 def _rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
@@ -104,7 +106,7 @@ def _rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 def forward_blocks(model: DFlashDrafter, features: Tensor, block_tokens: Tensor, anchors: Tensor,
                    target: TargetWeights, *, with_logits: bool = True,
-                   probe: tuple[int, list[Tensor]] | None = None) -> tuple[Tensor, Tensor | None]:
+                   probe: tuple[int | Sequence[int], list[Tensor]] | None = None) -> tuple[Tensor, Tensor | None]:
     """Final-normed hidden (and logits) of ``S*A`` blocks.
 
     Args:
@@ -113,8 +115,9 @@ def forward_blocks(model: DFlashDrafter, features: Tensor, block_tokens: Tensor,
         block_tokens: ``[S, A, B]`` block inputs ([anchor, MASK, ...]).
         anchors: ``[S, A]`` anchor positions (the block of anchor s sits at s .. s+B-1; it sees
             context rows 0 .. s-1).
-        probe: ``(head, out)``: appends to ``out`` the last layer's attention weights of query
-            ``head`` from slot 1 over the context rows, ``[S, A, n]`` (n = the rows read).
+        probe: ``(heads, out)``: appends to ``out`` the last layer's attention weights of each
+            query head in ``heads`` (one int or several) from slot 1 over the context rows,
+            ``[S, A, n]`` each (n = the rows read).
     Returns:
         (hidden ``[S, A, B, H]``, logits ``[S, A, B, V]`` or None).
     """
@@ -133,6 +136,7 @@ def forward_blocks(model: DFlashDrafter, features: Tensor, block_tokens: Tensor,
     ctx_visible = ctx_pos[None, :] < anchors.reshape(-1, 1)  # [S*A, n]
 
     h = model.embed(block_tokens.reshape(-1, blk), target)  # [S*A, B, H]
+    heads: Sequence[int] = () if probe is None else ((probe[0],) if isinstance(probe[0], int) else tuple(probe[0]))
     for i, layer in enumerate(model.layers):
         attn = layer.self_attn
         k = attn.k_norm(attn.k_proj(g).view(n_seq, n_ctx, attn.n_head_kv, attn.head_dim))
@@ -140,10 +144,9 @@ def forward_blocks(model: DFlashDrafter, features: Tensor, block_tokens: Tensor,
                        ctx_cos.repeat(n_seq, 1), ctx_sin.repeat(n_seq, 1)).view(k.shape)
         v = attn.v_proj(g).view(n_seq, n_ctx, attn.n_head_kv, attn.head_dim)
         last = i == len(model.layers) - 1
-        h, probs = _layer(layer, h, k, v, ctx_visible, rope_blk, n_anchor,
-                          probe[0] if probe is not None and last else None)
-        if probs is not None:
-            probe[1].append(probs)  # type: ignore[index]
+        h, probs = _layer(layer, h, k, v, ctx_visible, rope_blk, n_anchor, heads if last else ())
+        if probe is not None:
+            probe[1].extend(probs)
     hidden = model.norm(h)
     logits = model.logits(hidden, target) if with_logits else None
     shape = (n_seq, n_anchor, blk)

@@ -260,7 +260,9 @@ def build_parser(prog: str = "pydflash train") -> argparse.ArgumentParser:
                    help="weight of the copy-head loss: one attention head of the last layer is taught to look at "
                         "the earlier rows holding the anchor's token (where the target's continuation repeats "
                         "itself); 0 = off")
-    p.add_argument("--copy-head", type=int, default=1, help="the query head the copy-head loss trains")
+    p.add_argument("--copy-head", default="1",
+                   help="the query head(s) the copy-head loss trains, comma-separated (heads of different KV groups "
+                        "read different values)")
     p.add_argument("--copy-match", type=int, default=1,
                    help="the copy head looks at the rows ending the longest earlier match of the anchor's last "
                         "tokens, up to this many (1 = the anchor's token; 2 needs a drafter of 2+ layers to see "
@@ -335,8 +337,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     config = build_config(facts, layers=args.layers, taps=taps, block_size=args.block_size,
                           selector_rank=args.selector_rank, selector_top_k=args.selector_top_k,
                           mask_token_id=args.mask_token_id)
-    if not 0 <= args.copy_head < config.num_attention_heads:
-        parser.error(f"--copy-head must be within [0, {config.num_attention_heads}), got {args.copy_head}")
+    try:
+        copy_heads = tuple(int(h) for h in args.copy_head.split(","))
+    except ValueError:
+        parser.error(f"--copy-head takes comma-separated head numbers, got {args.copy_head!r}")
+    if not all(0 <= h < config.num_attention_heads for h in copy_heads) or len(set(copy_heads)) != len(copy_heads):
+        parser.error(f"--copy-head must name distinct heads within [0, {config.num_attention_heads}), got {args.copy_head}")
     name = args.name or f"{Path(target_path).stem.split('-Q')[0]}-DFlash2"
     cache_dir = out / "cache"
     if not (args.export_only or args.no_capture):
@@ -354,7 +360,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                              eval_every=args.eval_every, max_minutes=args.max_minutes,
                              max_len=args.max_prompt + args.max_new, draft_vocab=args.draft_vocab,
                              autocast=args.autocast, soft_weight=args.soft_weight,
-                             copy_weight=args.copy_weight, copy_head=args.copy_head, copy_match=args.copy_match)
+                             copy_weight=args.copy_weight, copy_heads=copy_heads, copy_match=args.copy_match)
     cache = FeatureCache(cache_dir)
     train_seqs, val_seqs = _split(cache.sequences(decode=False), 0.05)
     teacher = LastLayerTeacher(target_path, weights.lm_head) if args.soft_weight > 0 else None

@@ -65,10 +65,10 @@ class TrainSettings:
     # weight of the distillation term (cross-entropy to the target's own distribution over the
     # draft vocabulary, from LastLayerTeacher); 0 = hard greedy labels only
     soft_weight: float = 0.0
-    # weight of the copy-head attention supervision (loss.copy_loss) and the query head it trains
-    # (of the last layer); 0 = off
+    # weight of the copy-head attention supervision (loss.copy_loss, averaged over the heads) and
+    # the query heads it trains (of the last layer); 0 = off
     copy_weight: float = 0.0
-    copy_head: int = 1
+    copy_heads: tuple[int, ...] = (1,)
     copy_match: int = 1  # rows to look at: those ending the longest match (up to this many tokens) of the anchor's suffix
 
 
@@ -381,7 +381,7 @@ class Trainer:
         slot-1 attention weights (``forward_blocks``)."""
         hidden, _ = forward_blocks(self.model, batch.features, batch.block_tokens, batch.anchors, self.target,
                                    with_logits=False,
-                                   probe=None if probe is None else (self.settings.copy_head, probe))
+                                   probe=None if probe is None else (self.settings.copy_heads, probe))
         h = hidden[:, :, 1:][keep]
         cfg = self.model.config
         if cfg.logit_scale == 1.0 and not cfg.softcap > 0:  # DFlashDrafter.logits without its no-op multiply
@@ -405,7 +405,8 @@ class Trainer:
         probe: list | None = [] if self.settings.copy_weight > 0 else None
         with self._autocast():
             h, logits = self._slots(batch, keep, probe)
-        copy = torch.zeros(()) if not probe else copy_loss(probe[0], batch.copy_rows, batch.valid[:, :, 0])
+        copy = torch.zeros(()) if not probe else torch.stack(
+            [copy_loss(p, batch.copy_rows, batch.valid[:, :, 0]) for p in probe]).mean()
         if self.bf16:
             h, logits = h.float(), logits.float()
         ones = torch.ones_like(labels, dtype=torch.bool)
@@ -469,7 +470,7 @@ class Trainer:
         self.model.eval()
         probe: list = []
         with self._autocast():
-            h_rows, z_rows = self._slots(b, b.valid, probe)
+            h_rows, z_rows = self._slots(b, b.valid, probe)  # the copy heads' weights
         # the walk needs every slot of a block: rows that do not count get zeros (never accepted)
         n_blocks, slots = b.valid.shape[0] * b.valid.shape[1], b.valid.shape[2]
         h = h_rows.new_zeros(b.valid.shape + h_rows.shape[-1:]).float()
@@ -489,8 +490,8 @@ class Trainer:
         return {"val_tau": 1.0 + float(accepted.float().mean()),
                 "val_accept_per_slot": [round(float(x) / n_blocks, 4) for x in per_slot],
                 "val_loss": float(drafter_loss(z_rows.float(), lab, known, w)),
-                # slot 1's attention mass on the rows holding the anchor's token (the copy head's job)
-                "val_copy_mass": _copy_mass(probe[0], b)}
+                # slot 1's attention mass on the rows the copy loss points at (the copy heads' job)
+                "val_copy_mass": [_copy_mass(p, b) for p in probe]}
 
     def fit(self, on_step: Callable[[dict], None] | None = None) -> list[dict]:
         """Run until ``settings.steps`` (or ``max_minutes``), checkpointing and validating."""
