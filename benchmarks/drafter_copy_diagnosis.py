@@ -11,7 +11,8 @@ of a portable checkpoint) with two history lookups of the token at s + 1:
 
 and reports, for each query head of the last layer, the mean attention mass slot 1 puts on the
 rows j < s whose token is the anchor's and whose successor is the right token (the rows a copy
-would read: row j carries the target's prediction for j + 1).
+would read: row j carries the target's prediction for j + 1), and on the rows j + 1 after them
+(each holds the right token itself).
 
     python benchmarks/drafter_copy_diagnosis.py CHECKPOINT.pt --cache /tmp/heldout-cache \\
         [--layers 1] [--out result.json]
@@ -73,7 +74,7 @@ def main() -> None:
                  Path(tempfile.mkdtemp()), eog_ids=_eog_ids(tp))
     load_portable(tr, args.checkpoint)
     model.eval()
-    rows, masses = [], []
+    rows, masses, succ_masses = [], [], []
     for seq in tr.val_seqs:
         tokens = [int(t) for t in seq.tokens]
         anchors = np.arange(seq.prompt_len - 1, len(tokens) - 2)
@@ -99,8 +100,10 @@ def main() -> None:
             l1, l2 = lookup(tokens, s, 1), lookup(tokens, s, 2)
             rows.append((acc[i] >= 1, l1 is not None, l1 == y, l2 is not None, l2 == y))
             copy_rows = [j for j in range(s) if tokens[j] == tokens[s] and tokens[j + 1] == y]
+            successors = [j + 1 for j in copy_rows if j + 1 < s]
             if copy_rows:
                 masses.append([float(p[i, copy_rows].sum()) for p in probes])
+                succ_masses.append([float(p[i, successors].sum()) for p in probes])
     r = np.array(rows, dtype=bool)
     drafter, has1, ok1, has2, ok2 = r.T
     m = np.array(masses)
@@ -116,6 +119,8 @@ def main() -> None:
         "copy_anchors": len(m),
         "slot1_mass_on_copy_rows_per_head": m.mean(0).round(4).tolist(),
         "slot1_best_head_mass": float(m.max(1).mean()),
+        # the rows after those (each holds the token that followed; --copy-successor)
+        "slot1_mass_on_successor_rows_per_head": np.array(succ_masses).mean(0).round(4).tolist(),
     }
     report = {k: (round(float(v), 4) if isinstance(v, (float, np.floating)) else v) for k, v in report.items()}
     print(json.dumps(report, indent=1))

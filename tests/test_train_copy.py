@@ -56,6 +56,7 @@ def test_copy_rows_with_a_longer_match_keep_the_longest_one():
     seqs = _repeating_sequences(cfg, 3, 30, seed=4)
     anchors = [np.arange(0, 29)] * 3
     b = make_batch(seqs, anchors, cfg.block_size, cfg.mask_token_id, copy_match=3)
+    succ = make_batch(seqs, anchors, cfg.block_size, cfg.mask_token_id, copy_match=3, copy_successor=True)
     longer = 0
     for i, seq in enumerate(seqs):
         t = seq.tokens.tolist()
@@ -66,6 +67,9 @@ def test_copy_rows_with_a_longer_match_keep_the_longest_one():
             longer += best > 1
             want = [j < s and ends_match(j, best) for j in range(b.copy_rows.shape[-1])]
             assert b.copy_rows[i, a].tolist() == want, (i, s)
+            # successor rows: the row after each match, if the block can still see it
+            want_succ = [0 < j < s and want[j - 1] for j in range(len(want))]
+            assert succ.copy_rows[i, a].tolist() == want_succ, (i, s)
     assert longer >= 20  # the case is exercised
 
 

@@ -267,6 +267,9 @@ def build_parser(prog: str = "pydflash train") -> argparse.ArgumentParser:
                    help="the copy head looks at the rows ending the longest earlier match of the anchor's last "
                         "tokens, up to this many (1 = the anchor's token; 2 needs a drafter of 2+ layers to see "
                         "the token before the anchor)")
+    p.add_argument("--copy-successor", action="store_true",
+                   help="the copy head looks at the row after each match (it holds the token that followed) instead "
+                        "of the match's own row (its prediction of that token)")
     p.add_argument("--max-minutes", type=float, default=None, help="stop training after this long (resumable)")
     p.add_argument("--checkpoint-every", type=int, default=100)
     p.add_argument("--eval-every", type=int, default=100)
@@ -360,7 +363,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                              eval_every=args.eval_every, max_minutes=args.max_minutes,
                              max_len=args.max_prompt + args.max_new, draft_vocab=args.draft_vocab,
                              autocast=args.autocast, soft_weight=args.soft_weight,
-                             copy_weight=args.copy_weight, copy_heads=copy_heads, copy_match=args.copy_match)
+                             copy_weight=args.copy_weight, copy_heads=copy_heads, copy_match=args.copy_match,
+                             copy_successor=args.copy_successor)
     cache = FeatureCache(cache_dir)
     train_seqs, val_seqs = _split(cache.sequences(decode=False), 0.05)
     teacher = LastLayerTeacher(target_path, weights.lm_head) if args.soft_weight > 0 else None

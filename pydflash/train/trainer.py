@@ -70,6 +70,7 @@ class TrainSettings:
     copy_weight: float = 0.0
     copy_heads: tuple[int, ...] = (1,)
     copy_match: int = 1  # rows to look at: those ending the longest match (up to this many tokens) of the anchor's suffix
+    copy_successor: bool = False  # look at the row after each match instead (it holds the token that followed)
 
 
 @dataclass
@@ -94,7 +95,7 @@ def _features(seq: CapturedSequence, rows: int | None = None) -> np.ndarray:
 
 
 def make_batch(seqs: list[CapturedSequence], anchors: list[np.ndarray], block_size: int, mask_id: int,
-               label_rows: bool = False, copy_match: int = 1) -> Batch:
+               label_rows: bool = False, copy_match: int = 1, copy_successor: bool = False) -> Batch:
     """Blocks for given anchors of given sequences (labels per the module docstring).
 
     Features are decoded only for the rows a block can see (below the largest anchor), or with
@@ -123,16 +124,19 @@ def make_batch(seqs: list[CapturedSequence], anchors: list[np.ndarray], block_si
     valid = (lab_p >= 0) & before.astype(bool)
     blk = np.full((n_seq, anc.shape[1], block_size), mask_id, dtype=np.int64)
     blk[..., 0] = tok[rows[..., 0], anc]
-    copy_rows = _copy_rows(tok, anc, copy_match)
+    copy_rows = _copy_rows(tok, anc, copy_match, copy_successor)
     return Batch(torch.from_numpy(feats), torch.from_numpy(blk), torch.from_numpy(anc),
                  torch.from_numpy(np.where(valid, lab_p, 0)), torch.from_numpy(np.where(valid, tok_p, 0)),
                  torch.from_numpy(valid), torch.from_numpy(copy_rows))
 
 
-def _copy_rows(tok: np.ndarray, anc: np.ndarray, match: int) -> np.ndarray:
+def _copy_rows(tok: np.ndarray, anc: np.ndarray, match: int, successor: bool = False) -> np.ndarray:
     """[S, A, n] (n = the context rows ``forward_blocks`` reads): the rows j < s that end the
     longest match, up to ``match`` tokens, of the tokens ending at anchor s (j's token is s's,
-    j-1's is s-1's, ...); all rows holding s's token when no longer match exists."""
+    j-1's is s-1's, ...); all rows holding s's token when no longer match exists. ``successor``:
+    the rows j + 1 instead (those still below s), whose own token is the one that followed the
+    match: the target's early taps carry a row's own token almost as its embedding, which a head
+    started from tied embedding rows reads more directly than row j's prediction of it."""
     n_ctx = max(1, int(anc.max()))
     rows_ = np.arange(tok.shape[0])[:, None, None]
     j = np.arange(n_ctx)[None, None, :]
@@ -144,6 +148,9 @@ def _copy_rows(tok: np.ndarray, anc: np.ndarray, match: int) -> np.ndarray:
         same = same & (tok[rows_, np.maximum(back, 0)] == tok[rows_[..., 0], np.maximum(anc - k, 0)][..., None])
         found = same.any(-1, keepdims=True)
         best = np.where(found, same, best)
+    if successor:
+        best = np.concatenate([np.zeros_like(best[..., :1]), best[..., :-1]], axis=-1)
+        best &= j < anc[:, :, None]
     return best
 
 
@@ -370,7 +377,7 @@ class Trainer:
             lo, hi = _anchor_range(s)
             anchors.append((lo + torch.randint(hi - lo + 1, (st.anchors_per_seq,), generator=self.generator)).numpy())
         return make_batch(seqs, anchors, cfg.block_size, cfg.mask_token_id, label_rows=st.soft_weight > 0,
-                          copy_match=st.copy_match)
+                          copy_match=st.copy_match, copy_successor=st.copy_successor)
 
     def _autocast(self):  # type: ignore[no-untyped-def]
         return torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.bf16)
@@ -465,7 +472,8 @@ class Trainer:
             anchors = [np.sort(gen.integers(min(s.prompt_len, len(s.tokens) - 2), len(s.tokens) - 1, size=per))
                        for s in self.val_seqs]
             self._val_batch = make_batch(self.val_seqs, anchors, self.model.config.block_size,
-                                         self.model.config.mask_token_id, copy_match=self.settings.copy_match)
+                                         self.model.config.mask_token_id, copy_match=self.settings.copy_match,
+                                         copy_successor=self.settings.copy_successor)
         b = self._val_batch
         self.model.eval()
         probe: list = []
