@@ -17,15 +17,10 @@ from pydflash.train.forward import forward_blocks
 from pydflash.train.loss import copy_loss
 from pydflash.train.trainer import Trainer, TrainSettings, make_batch
 
-from fixtures_tiny import random_target, tiny_config
+from fixtures_tiny import random_target
+from test_train import full_attention_config as _config
 
 torch.set_num_threads(1)
-
-
-def _config(**overrides):
-    base = dict(layer_types=("full_attention",) * 2, num_hidden_layers=2, sliding_window=None)
-    base.update(overrides)
-    return tiny_config("dflash2", **base)
 
 
 def _repeating_sequences(cfg, n_seqs: int, length: int, seed: int = 0) -> list[CapturedSequence]:
