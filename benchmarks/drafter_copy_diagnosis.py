@@ -34,7 +34,6 @@ from pydflash.train import prompts as train_prompts
 from pydflash.train.features import FeatureCache
 from pydflash.train.forward import forward_blocks
 from pydflash.train.init import target_facts
-from pydflash.train.loss import greedy_acceptance
 from pydflash.train.pipeline import _eog_ids, build_config, capture, load_portable
 from pydflash.train.trainer import Trainer, TrainSettings, make_batch
 
@@ -86,15 +85,7 @@ def main() -> None:
                 forward_blocks(model, b.features, b.block_tokens, b.anchors, tr.target, with_logits=False,
                                probe=(head, out))
                 probes.append(out[0][0])  # [A, n]
-            h_rows, z_rows = tr._slots(b, b.valid)
-            nb, slots = b.valid.shape[1], b.valid.shape[2]
-            h = h_rows.new_zeros(b.valid.shape + h_rows.shape[-1:]).float()
-            h[b.valid] = h_rows.float()
-            z = z_rows.new_zeros(b.valid.shape + z_rows.shape[-1:]).float()
-            z[b.valid] = z_rows.float()
-            acc, _ = greedy_acceptance(model.candidate_selector, h.view(nb, slots, -1), z.view(nb, slots, -1),
-                                       b.block_tokens[:, :, 0].reshape(-1), b.labels.reshape(nb, slots),
-                                       b.valid.reshape(nb, slots), tr.draft_vocab)
+        acc, _ = tr.accepted_drafts(b)
         for i, s in enumerate(anchors.tolist()):
             y = tokens[s + 1]
             l1, l2 = lookup(tokens, s, 1), lookup(tokens, s, 2)

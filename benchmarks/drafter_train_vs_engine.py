@@ -32,7 +32,6 @@ from pydflash.train import curve
 from pydflash.train import prompts as train_prompts
 from pydflash.train.features import FeatureCache
 from pydflash.train.init import target_facts
-from pydflash.train.loss import greedy_acceptance
 from pydflash.train.pipeline import _eog_ids, build_config, capture, load_portable
 from pydflash.train.trainer import Trainer, TrainSettings, make_batch
 
@@ -74,17 +73,8 @@ def main() -> None:
     walk_pos = np.zeros(args.n_max)
     for s in tr.val_seqs:
         anchors = np.arange(s.prompt_len - 1, len(s.tokens) - 1)  # anchors[1] = the first generated token
-        with torch.no_grad():
-            b = make_batch([s], [anchors], args.block_size, config.mask_token_id)
-            h_rows, z_rows = tr._slots(b, b.valid)
-            nb, slots = b.valid.shape[1], b.valid.shape[2]
-            h = h_rows.new_zeros(b.valid.shape + h_rows.shape[-1:]).float()
-            h[b.valid] = h_rows.float()
-            logits = z_rows.new_zeros(b.valid.shape + z_rows.shape[-1:]).float()
-            logits[b.valid] = z_rows.float()
-            acc, _ = greedy_acceptance(model.candidate_selector, h.view(nb, slots, -1), logits.view(nb, slots, -1),
-                                       b.block_tokens[:, :, 0].reshape(-1), b.labels.reshape(nb, slots),
-                                       b.valid.reshape(nb, slots), tr.draft_vocab)
+        b = make_batch([s], [anchors], args.block_size, config.mask_token_id)
+        acc, _ = tr.accepted_drafts(b)
         acc = acc.numpy()
         uniform += acc[1:].tolist()
         a, n_gen = 1, 1  # the first token comes from the prompt's decode

@@ -456,6 +456,26 @@ class Trainer:
                 **({"copy": float(copy.detach())} if st.copy_weight > 0 else {}), "lr": lr}
 
     @torch.no_grad()
+    def accepted_drafts(self, b: Batch) -> tuple[torch.Tensor, list]:  # type: ignore[type-arg]
+        """Teacher-forced greedy acceptance of every block of ``b``, in float32: drafts accepted
+        per block ([S*A], the engine's walk over the block's slots) and per slot position (totals)."""
+        self.model.eval()
+        h_rows, z_rows = self._slots(b, b.valid)
+        return self._acceptance(b, h_rows, z_rows)
+
+    def _acceptance(self, b: Batch, h_rows: torch.Tensor, z_rows: torch.Tensor) -> tuple[torch.Tensor, list]:  # type: ignore[type-arg]
+        # the walk needs every slot of a block: rows that do not count get zeros (never accepted)
+        n_blocks, slots = b.valid.shape[0] * b.valid.shape[1], b.valid.shape[2]
+        h = h_rows.new_zeros(b.valid.shape + h_rows.shape[-1:]).float()
+        h[b.valid] = h_rows.float()
+        logits = z_rows.new_zeros(b.valid.shape + z_rows.shape[-1:]).float()
+        logits[b.valid] = z_rows.float()
+        labels, valid = b.labels.reshape(n_blocks, slots), b.valid.reshape(n_blocks, slots)
+        return greedy_acceptance(self.model.candidate_selector, h.view(n_blocks, slots, -1),
+                                 logits.view(n_blocks, slots, -1), b.block_tokens[:, :, 0].reshape(-1),
+                                 labels, valid, self.draft_vocab)
+
+    @torch.no_grad()
     def validate(self, max_blocks: int = 256) -> dict:
         """Teacher-forced greedy acceptance on held-out cached sequences.
 
@@ -479,16 +499,8 @@ class Trainer:
         probe: list = []
         with self._autocast():
             h_rows, z_rows = self._slots(b, b.valid, probe)  # the copy heads' weights
-        # the walk needs every slot of a block: rows that do not count get zeros (never accepted)
-        n_blocks, slots = b.valid.shape[0] * b.valid.shape[1], b.valid.shape[2]
-        h = h_rows.new_zeros(b.valid.shape + h_rows.shape[-1:]).float()
-        h[b.valid] = h_rows.float()
-        logits = z_rows.new_zeros(b.valid.shape + z_rows.shape[-1:]).float()
-        logits[b.valid] = z_rows.float()
-        labels, valid = b.labels.reshape(n_blocks, slots), b.valid.reshape(n_blocks, slots)
-        accepted, per_slot = greedy_acceptance(self.model.candidate_selector, h.view(n_blocks, slots, -1),
-                                               logits.view(n_blocks, slots, -1), b.block_tokens[:, :, 0].reshape(-1),
-                                               labels, valid, self.draft_vocab)
+        accepted, per_slot = self._acceptance(b, h_rows, z_rows)
+        n_blocks = b.valid.shape[0] * b.valid.shape[1]
         lab = b.labels[b.valid]
         known = torch.ones_like(lab, dtype=torch.bool)
         if self.to_draft is not None:
