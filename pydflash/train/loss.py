@@ -65,15 +65,16 @@ def drafter_loss(logits: Tensor, labels: Tensor, valid: Tensor, weights: Tensor)
 
 def copy_loss(probs: Tensor, rows: Tensor, counted: Tensor) -> Tensor:
     """Attention supervision of one "copy" head: -log of the attention mass that slot 1 puts on the
-    earlier context rows holding the anchor's own token, averaged over the ``counted`` blocks that
-    have such a row.
+    context rows ``rows`` (``Batch.copy_rows``: the earlier rows ending the longest match of the
+    anchor's last tokens, or the rows after them), averaged over the ``counted`` blocks that have
+    such a row.
 
     Why: the target's continuations repeat themselves (on held-out code, the latest earlier match of
     the last tokens predicts the next one more often than the drafter does), yet no head of a
     trained drafter attends to those rows: the hard labels alone do not teach it to look them up.
-    A row j whose token equals the anchor's carries the target's prediction for j + 1, which is the
-    copy. ``probs`` [S, A, n] (``forward_blocks(probe=...)``), ``rows`` [S, A, n] bool, ``counted``
-    [S, A] bool."""
+    A row j ending such a match carries the target's prediction for j + 1, which is the copy.
+    ``probs`` [S, A, n] (``forward_blocks(probe=...)``), ``rows`` [S, A, n] bool, ``counted`` [S, A]
+    bool."""
     has = rows.any(-1) & counted
     if not bool(has.any()):
         return probs.sum() * 0.0

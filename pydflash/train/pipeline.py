@@ -257,9 +257,9 @@ def build_parser(prog: str = "pydflash train") -> argparse.ArgumentParser:
                    help="weight of distillation to the target's own next-token distribution (its last layer run "
                         "on the cached taps; 0 = hard greedy labels only)")
     p.add_argument("--copy-weight", type=float, default=0.0,
-                   help="weight of the copy-head loss: one attention head of the last layer is taught to look at "
-                        "the earlier rows holding the anchor's token (where the target's continuation repeats "
-                        "itself); 0 = off")
+                   help="weight of the copy-head loss: attention heads of the last layer are taught to look at "
+                        "the earlier rows that end a match of the anchor's last tokens (where the target's "
+                        "continuation repeats itself); 0 = off")
     p.add_argument("--copy-head", default="1",
                    help="the query head(s) the copy-head loss trains, comma-separated (heads of different KV groups "
                         "read different values)")

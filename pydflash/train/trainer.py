@@ -81,7 +81,7 @@ class Batch:
     labels: torch.Tensor  # [S, A, B-1]
     prev_tokens: torch.Tensor  # [S, A, B-1] true predecessor of each slot
     valid: torch.Tensor  # [S, A, B-1] bool
-    copy_rows: torch.Tensor  # [S, A, n] bool: context rows j < s whose token is the anchor's (n = max anchor)
+    copy_rows: torch.Tensor  # [S, A, n] bool: the context rows the copy loss points at (_copy_rows; n = max anchor)
 
 
 def _features(seq: CapturedSequence, rows: int | None = None) -> np.ndarray:
