@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# start-portable.pt = benchmarks/results/drafter-training/smollm2-135m/portable-checkpoint.pt (the shipped weights, step 15,304);
+# start-portable.pt = benchmarks/results/drafter-training/smollm2-135m/portable-checkpoint.pt of commit 3b3000a (the shipped weights, step 15,304);
 # cache = a link to the s12-new-data cache (runs/s12-1l/cache)
 # session 13: session 12's new-data chunk (s12-new-data/run.sh: shipped weights, the session-12 capture only,
 # new schedule, 3,696 steps) plus the copy-head loss (--copy-weight 1.0 on query head 1): equal steps, same seed

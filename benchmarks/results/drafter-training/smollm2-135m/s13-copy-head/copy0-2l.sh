@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# start-portable.pt = benchmarks/results/drafter-training/smollm2-135m/portable-checkpoint.pt (the shipped weights, step 15,304);
+# start-portable.pt = benchmarks/results/drafter-training/smollm2-135m/portable-checkpoint.pt of commit 3b3000a (the shipped weights, step 15,304);
 # cache = a link to the s12-new-data cache (runs/s12-1l/cache)
 # session 13, the control of copy2-2l.sh: the same chunk (shipped drafter grown to 2 layers, the session-12 capture only,
 # 3,696 steps) without the copy-head loss

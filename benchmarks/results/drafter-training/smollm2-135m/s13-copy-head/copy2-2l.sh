@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# start-portable.pt = benchmarks/results/drafter-training/smollm2-135m/portable-checkpoint.pt (the shipped weights, step 15,304);
+# start-portable.pt = benchmarks/results/drafter-training/smollm2-135m/portable-checkpoint.pt of commit 3b3000a (the shipped weights, step 15,304);
 # cache = a link to the s12-new-data cache (runs/s12-1l/cache)
 # session 13: the shipped 1-layer drafter grown to 2 layers (the new layer on top starts as the identity), the copy-head
 # loss on the top layer's query head 1 with 2-token matches (layer 1 can bring the token before the anchor into slot 1),

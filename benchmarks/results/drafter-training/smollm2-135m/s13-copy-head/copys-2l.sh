@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# start-portable.pt = benchmarks/results/drafter-training/smollm2-135m/portable-checkpoint.pt of commit 3b3000a (the shipped weights, step 15,304);
+# cache = a link to the s12-new-data cache (runs/s12-1l/cache)
+# session 13: copy2-2l.sh with --copy-successor: the copy head is taught to look at the row after each match, which
+# holds the token that followed (its early taps carry it almost as its embedding), not at the match's own row
+cd /work/main
+pydflash train --target smollm2-135m --out /work/runs/s13/copys-2l --no-capture \
+  --layers 2 --block-size 8 --max-new 192 --threads 2 \
+  --steps 19000 --seqs-per-step 4 --anchors-per-seq 32 --lr 3e-4 --draft-vocab 8192 \
+  --eval-every 500 --checkpoint-every 250 --max-minutes ${MINUTES:-45} --quant Q4_K_M \
+  --copy-weight ${COPY_WEIGHT:-1.0} --copy-head 1 --copy-match 2 --copy-successor \
+  --grow-from /work/runs/s13/start-portable.pt --save-portable /work/runs/s13/copys-2l/portable.pt \
+  --curve /work/runs/s13/copys-2l/curve.jsonl 2>&1 | grep -v "^llama\|^load\|^print_info" | tr '\r' '\n' | grep -v "it/s\]$\|s/it\]$"
