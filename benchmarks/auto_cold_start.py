@@ -35,7 +35,11 @@ from pathlib import Path
 
 
 def base_mode(mode: str) -> tuple[str, int]:
-    """A mode and its lookup setting: ``<mode>-nolookup`` turns drafts from the history off."""
+    """A mode and its lookup setting: ``<mode>-nolookup`` turns drafts from the history off.
+
+    ``<mode>-cand`` is the same mode with the ``--candidate`` drafter in place of ``-md``'s.
+    """
+    mode = mode.removesuffix("-cand")
     return (mode[: -len("-nolookup")], 0) if mode.endswith("-nolookup") else (mode, 2)
 
 
@@ -46,8 +50,9 @@ def worker(args: argparse.Namespace) -> None:
     prompt = prompts.load(args.prompts, limit=1, offset=args.offset + args.index)[0]
     mode, lookup = base_mode(args.mode)
     history_only = mode.startswith("history")
+    chosen = args.candidate if args.mode.endswith("-cand") else args.model_draft
     drafter = None if mode == "plain" or history_only else args.blind_drafter if mode == "auto-blind" else (
-        args.model_draft or "auto")
+        chosen or "auto")
     n_max: int | str = "auto" if mode.startswith(("auto", "history")) else int(mode[1:]) if mode != "plain" else 0
     lookup = 0 if mode == "plain" else lookup
     with Engine(args.model, drafter, n_ctx=args.ctx_size, n_threads=args.threads, n_max=n_max,
@@ -64,6 +69,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-m", "--model", default="smollm2-135m")
     ap.add_argument("-md", "--model-draft", default=None, help="drafter GGUF (default: the shipped one)")
+    ap.add_argument("--candidate", default=None,
+                    help="a second drafter GGUF, used by the modes ending in -cand (two drafters in one run)")
     ap.add_argument("--prompts", default="humaneval")
     ap.add_argument("--offset", type=int, default=132, help="first prompt (132..163: held out from training)")
     ap.add_argument("--limit", type=int, default=20)
@@ -89,6 +96,10 @@ def main() -> int:
             str(args.offset), "-n", str(args.n_predict), "-t", str(args.threads), "-c", str(args.ctx_size)]
     if args.model_draft:
         base += ["-md", args.model_draft]
+    if args.candidate:
+        base += ["--candidate", args.candidate]
+    elif any(m.endswith("-cand") for m in modes):
+        raise SystemExit("a mode ending in -cand needs --candidate FILE")
 
     def run(mode: str, index: int) -> dict:
         env = dict(os.environ)
