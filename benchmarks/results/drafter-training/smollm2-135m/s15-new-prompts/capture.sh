@@ -8,6 +8,6 @@ pysrc:anyio,pysrc:aiohttp,pysrc:packaging,pysrc:openai,pysrc:numpy,pysrc:sympy,p
 pysrc:scipy,pysrc:requests,pysrc:flask,pysrc:click,pysrc:pygments,pysrc:attr,pysrc:werkzeug,pysrc:matplotlib,\
 pysrc:fontTools,pysrc:dateutil,pysrc:Cython,pysrc:yaml,pysrc:pycparser,pysrc:cffi,pysrc:rich,\
 pysrc:yarl,pysrc:pluggy,pysrc:scikit_build_core,pysrc:mesonpy,pysrc:reasoning_gym,pysrc:charset_normalizer
-pydflash train --target smollm2-135m --prompts $S --limit 1234 --out /work/runs/s15/data --layers 1 --block-size 8 \
+pydflash train --target smollm2-135m --prompts $S --limit ${LIMIT:-1234} --out /work/runs/s15/data --layers 1 --block-size 8 \
   --max-new 192 --parallel 16 --step-rows 64 --threads 2 --capture-only --max-minutes ${MINUTES:-45} 2>&1 \
   | grep -v "^llama\|^load\|^print_info" | tr '\r' '\n' | grep -v "it/s\]$\|s/it\]$"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # walk + copy diagnosis of a portable checkpoint on the held-out text: walk.sh NAME CK
-cd /work/runs/s15
+cd ${RUN:-/work/runs/s15}
 python /work/main/benchmarks/drafter_train_vs_engine.py --portable $2 --layers 2 --cache /work/runs/s15/heldout-cache --out walk-$1.json > walk-$1.log 2>&1
 python /work/main/benchmarks/drafter_copy_diagnosis.py $2 --layers 2 --cache /work/runs/s15/heldout-cache --out diag-$1.json > diag-$1.log 2>&1
 python - $1 <<'P'

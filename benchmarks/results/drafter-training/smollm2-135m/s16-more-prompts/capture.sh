@@ -2,12 +2,4 @@
 # session 16 (the same AVX2 machine as session 15): more new prompts appended to the session-15 cache (ids already
 # captured are skipped). The session-15 sources with --limit 1777; the capture takes prompts in a fixed
 # pseudo-random order, so a 45-min capture is a new random subset of ~29k uncaptured prompts
-S=stdlib,chat:stdlib,pysrc:torch,pysrc:pip,pysrc:setuptools,pysrc:_pytest,pysrc:huggingface_hub,\
-pysrc:fsspec,pysrc:mpmath,pysrc:urllib3,pysrc:docutils,pysrc:PIL,pysrc:pyparsing,pysrc:IPython,pysrc:pydantic,\
-pysrc:anyio,pysrc:aiohttp,pysrc:packaging,pysrc:openai,pysrc:numpy,pysrc:sympy,pysrc:networkx,pysrc:jinja2,\
-pysrc:scipy,pysrc:requests,pysrc:flask,pysrc:click,pysrc:pygments,pysrc:attr,pysrc:werkzeug,pysrc:matplotlib,\
-pysrc:fontTools,pysrc:dateutil,pysrc:Cython,pysrc:yaml,pysrc:pycparser,pysrc:cffi,pysrc:rich,\
-pysrc:yarl,pysrc:pluggy,pysrc:scikit_build_core,pysrc:mesonpy,pysrc:reasoning_gym,pysrc:charset_normalizer
-pydflash train --target smollm2-135m --prompts $S --limit 1777 --out /work/runs/s15/data --layers 1 --block-size 8 \
-  --max-new 192 --parallel 16 --step-rows 64 --threads 2 --capture-only --max-minutes ${MINUTES:-45} 2>&1 \
-  | grep -v "^llama\|^load\|^print_info" | tr '\r' '\n' | grep -v "it/s\]$\|s/it\]$"
+LIMIT=1777 exec bash "$(dirname "$0")/../s15-new-prompts/capture.sh"

@@ -1,12 +1,5 @@
 #!/usr/bin/env bash
-# session 16: the shipped weights (h2, step 33,781) continued on the session-15 and session-16 captures together
-# (1.7 M tokens, the same AVX2 machine), h2's options, a new schedule peaking at 3e-4
-cd /work/main
-pydflash train --target smollm2-135m --out /work/runs/s16/h3 --no-capture \
-  --layers 2 --block-size 8 --max-new 192 --threads 2 \
-  --steps ${STEPS:?} --seqs-per-step 4 --anchors-per-seq 32 --lr 3e-4 --draft-vocab 8192 \
-  --eval-every 500 --checkpoint-every 250 --max-minutes ${MINUTES:-55} --quant Q4_K_M \
-  --copy-weight 1.0 --copy-head 1,4,7 --copy-match 2 --copy-successor \
-  --resume-from /work/main/benchmarks/results/drafter-training/smollm2-135m/portable-checkpoint.pt \
-  --new-schedule --save-portable /work/runs/s16/h3/portable.pt \
-  --curve /work/runs/s16/h3/curve.jsonl 2>&1 | grep -v "^llama\|^load\|^print_info" | tr '\r' '\n' | grep -v "it/s\]$\|s/it\]$"
+# session 16: the shipped weights (h2, step 33,781, the committed portable checkpoint) continued on the session-15
+# and session-16 captures together (1.66 M tokens; /work/runs/s16/h3/cache links to the session-15 cache), h2's
+# options, a new schedule peaking at 3e-4. Run as STEPS=38450 MINUTES=55
+RUN=/work/runs/s16/h3 exec bash "$(dirname "$0")/../s15-new-prompts/h2.sh"

@@ -1,11 +1,3 @@
 #!/usr/bin/env bash
-# walk + copy diagnosis of a portable checkpoint on the held-out text: walk.sh NAME CK
-cd /work/runs/s16
-python /work/main/benchmarks/drafter_train_vs_engine.py --portable $2 --layers 2 --cache /work/runs/s15/heldout-cache --out walk-$1.json > walk-$1.log 2>&1
-python /work/main/benchmarks/drafter_copy_diagnosis.py $2 --layers 2 --cache /work/runs/s15/heldout-cache --out diag-$1.json > diag-$1.log 2>&1
-python - $1 <<'P'
-import json,sys
-n=sys.argv[1]; w=json.load(open(f'walk-{n}.json')); d=json.load(open(f'diag-{n}.json'))
-print(n, "walk", w['walk_tau'], w['walk_accepted_per_position'][:4])
-print({k:v for k,v in d.items() if k not in ('checkpoint','cache')})
-P
+# walk + copy diagnosis of a portable checkpoint on the held-out text, outputs in /work/runs/s16: walk.sh NAME CK
+RUN=/work/runs/s16 exec bash "$(dirname "$0")/../s15-new-prompts/walk.sh" "$@"
