@@ -105,3 +105,36 @@ def test_feature_cache_from_a_capture_resumes(tmp_path, smollm2_path):
     again = capture(str(smollm2_path), prompts, tmp_path / "cache", TAPS, max_new=6, threads=2, batch=2,
                     samples=1, log=lambda m: None)
     assert len(again.meta["shards"]) == n_shards  # everything was cached: nothing decoded again
+
+
+def test_capture_skips_excluded_ids_as_if_cached(tmp_path, smollm2_path):
+    """``--exclude-ids``: a fresh machine continuing a drafter leaves out what it was trained on."""
+    import gzip
+
+    from pydflash.train.pipeline import read_ids
+
+    prompts = [TrainPrompt(f"q/{i}", text=t) for i, t in enumerate(PROMPTS)]
+    ids_file = tmp_path / "trained-ids.txt.gz"
+    with gzip.open(ids_file, "wt", encoding="utf-8") as f:
+        f.write("q/1\n\nq/not-a-prompt\n")
+    assert read_ids(ids_file) == {"q/1", "q/not-a-prompt"}
+    cache = capture(str(smollm2_path), prompts, tmp_path / "cache", TAPS, max_new=4, threads=2, batch=2,
+                    exclude=read_ids(ids_file), log=lambda m: None)
+    assert sorted(s.id for s in cache.sequences()) == ["q/0", "q/2"]
+    # nothing left to capture: the target is not even loaded (a path with the same name that does not exist)
+    again = capture(str(tmp_path / "gone" / smollm2_path.name), prompts, tmp_path / "cache", TAPS, exclude={"q/1"},
+                    log=lambda m: None)
+    assert len(again.meta["shards"]) == len(cache.meta["shards"])
+
+
+@pytest.mark.parametrize("content", [None, b"\x1f\x8b\x08\x00broken"])
+def test_pydflash_train_refuses_an_unreadable_exclude_ids_file(content, tmp_path, capsys):
+    from pydflash.train.pipeline import main
+
+    ids_file = tmp_path / "ids.txt.gz"
+    if content is not None:
+        ids_file.write_bytes(content)
+    with pytest.raises(SystemExit) as e:
+        main(["--target", "smollm2-135m", "--out", str(tmp_path / "run"), "--prompts", "stdlib", "--limit", "1",
+              "--capture-only", "--exclude-ids", str(ids_file)])
+    assert e.value.code == 2 and "--exclude-ids:" in capsys.readouterr().err.splitlines()[-1]

@@ -18,7 +18,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Iterable, Sequence
 
 __all__ = ["build_config", "capture", "export", "main", "default_taps"]
 
@@ -61,7 +61,7 @@ def _progress(label: str, total: int):  # type: ignore[no-untyped-def]
 def capture(target_path: str, prompts, cache_dir: str | os.PathLike, taps: Sequence[int], *,  # type: ignore[no-untyped-def]
             max_prompt: int = 384, max_new: int = 192, threads: int | None = None, batch: int = 4,
             samples: int = 0, temperature: float = 0.8, shard_size: int = 64, max_minutes: float | None = None,
-            step_rows: int = 64, log=print) -> "object":
+            step_rows: int = 64, exclude: Iterable[str] = (), log=print) -> "object":
     """Generate and capture every prompt not yet in the cache; returns the FeatureCache.
 
     Each prompt gets its greedy continuation (id = the prompt's id) and ``samples`` sampled ones at
@@ -69,12 +69,14 @@ def capture(target_path: str, prompts, cache_dir: str | os.PathLike, taps: Seque
     are written in shards of ``shard_size``, so an interrupted capture resumes where it stopped.
     Prompts are taken in a fixed pseudo-random order (by id), so any prefix of the capture mixes
     every source; past ``max_minutes`` no new sequence starts (the running ones finish).
+    Sequence ids in ``exclude`` are skipped as if cached: what another cache already holds (a fresh
+    machine continuing a drafter that was trained on it) is not captured again.
     """
     from ..runtime.target import Target
     from .features import Continuation, FeatureCache, capture_continuations
 
     cache = FeatureCache(cache_dir, tap_layers=taps, target_name=Path(target_path).name)
-    done = cache.ids
+    done = set(cache.ids) | set(exclude)
     todo = []
     for p in prompts:
         for k in range(samples + 1):
@@ -120,6 +122,16 @@ def capture(target_path: str, prompts, cache_dir: str | os.PathLike, taps: Seque
         log(f"capture: {n_tok} tokens in {dt:.0f} s ({n_tok / max(dt, 1e-9):.0f} tokens/s); "
             f"cache holds {cache.n_tokens} tokens")
     return cache
+
+
+def read_ids(path: str | os.PathLike) -> set[str]:
+    """Sequence ids, one per line, from a text file or its gzip (``trained-ids.txt.gz``)."""
+    import gzip
+
+    path = Path(path)
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        return {line.strip() for line in f if line.strip()}
 
 
 def export(model, out_dir: str | os.PathLike, target_gguf: str, *, name: str,  # type: ignore[no-untyped-def]
@@ -277,6 +289,9 @@ def build_parser(prog: str = "pydflash train") -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=None, help="CPU threads for torch and the target")
     p.add_argument("--capture-only", action="store_true")
     p.add_argument("--no-capture", action="store_true", help="train on what the cache holds (skip new prompts)")
+    p.add_argument("--exclude-ids", default=None, metavar="FILE",
+                   help="sequence ids (one per line, .gz read as gzip) the capture skips as if cached: the ids "
+                        "a drafter was already trained on, when its cache is not on this machine")
     p.add_argument("--export-only", action="store_true")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--curve", default=None,
@@ -350,9 +365,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     cache_dir = out / "cache"
     if not (args.export_only or args.no_capture):
         prompts = train_prompts.load(args.prompts, limit=args.limit)
+        try:
+            exclude = read_ids(args.exclude_ids) if args.exclude_ids else set()
+        except (OSError, EOFError, UnicodeDecodeError) as e:
+            parser.error(f"--exclude-ids: {e}")
         capture(target_path, prompts, cache_dir, config.target_layer_ids, max_prompt=args.max_prompt,
                 max_new=args.max_new, threads=args.threads, batch=args.parallel, samples=args.samples,
-                temperature=args.sample_temp, step_rows=args.step_rows, max_minutes=args.max_minutes if args.capture_only else None, log=log)
+                temperature=args.sample_temp, step_rows=args.step_rows, max_minutes=args.max_minutes if args.capture_only else None,
+                exclude=exclude, log=log)
     if args.capture_only:
         return 0
     model = DFlashDrafter(config)
