@@ -216,6 +216,67 @@ def test_anchors_are_drawn_on_continuations_only(tmp_path):
     assert 11 in seen["s0"] and 13 in seen["s1"] and 1 in seen["s3"]
 
 
+def test_repeated_anchors_equal_a_brute_force_search():
+    from pydflash.train.trainer import repeated_anchors
+
+    rng = np.random.default_rng(3)
+    for trial in range(40):
+        tokens = rng.integers(0, 3, size=int(rng.integers(1, 60))).astype(np.int32)  # 3 ids: many repeats
+        n = int(rng.integers(1, 6))
+        lo = int(rng.integers(0, len(tokens)))
+        hi = len(tokens) - 1 - int(rng.integers(0, 2))
+        want = [s >= n - 1 and any(list(tokens[r - n + 1:r + 1]) == list(tokens[s - n + 1:s + 1])
+                                   for r in range(n - 1, s)) for s in range(lo, hi + 1)]
+        assert repeated_anchors(tokens, lo, hi, n).tolist() == want, (trial, tokens.tolist(), n, lo, hi)
+
+
+def _looping_sequences(cfg, n_seqs: int = 3) -> list[CapturedSequence]:
+    """A prompt, then a continuation that falls into a 5-token loop halfway (what greedy captures do)."""
+    rng = np.random.default_rng(1)
+    out = []
+    for i in range(n_seqs):
+        head = rng.integers(0, cfg.vocab_size - 1, size=30)
+        tokens = np.concatenate([head, np.tile(rng.integers(0, cfg.vocab_size - 1, size=5), 6)]).astype(np.int32)
+        labels = np.append(tokens[1:], tokens[0]).astype(np.int32)
+        feats = rng.standard_normal((len(tokens), cfg.num_taps, cfg.hidden_size)).astype(np.float32)
+        out.append(CapturedSequence(f"s{i}", tokens, 10, feats, labels))
+    return out
+
+
+def test_repeat_keep_draws_repeated_anchors_with_its_weight(tmp_path):
+    from pydflash.train.trainer import _anchor_range, repeated_anchors
+
+    cfg = full_attention_config()
+    seqs = _looping_sequences(cfg)
+    rep = {s.id: set((_anchor_range(s)[0] + np.flatnonzero(repeated_anchors(s.tokens, *_anchor_range(s), 4))).tolist())
+           for s in seqs}
+    assert all(len(r) > 5 for r in rep.values())
+
+    def draws(keep: float, seed: int = 0) -> list[tuple[str, int]]:
+        tr = Trainer(DFlashDrafter.from_config(cfg, seed=0), random_target(cfg.vocab_size, cfg.hidden_size,
+                     dtype=torch.float32), seqs, [], TrainSettings(seqs_per_step=2, anchors_per_seq=16, draft_vocab=0,
+                     repeat_keep=keep, repeat_ngram=4, seed=seed), tmp_path)
+        out = []
+        for _ in range(150):
+            b = tr.sample_batch()
+            for row in range(b.anchors.shape[0]):
+                sid = next(s.id for s in seqs if all(int(s.tokens[a]) == int(t)
+                                                     for a, t in zip(b.anchors[row], b.block_tokens[row, :, 0])))
+                out += [(sid, int(a)) for a in b.anchors[row]]
+        return out
+
+    def share(d):
+        return sum(a in rep[sid] for sid, a in d) / len(d)
+
+    n_rep = {s.id: len(rep[s.id]) for s in seqs}
+    n_all = {s.id: _anchor_range(s)[1] - _anchor_range(s)[0] + 1 for s in seqs}
+    uniform = np.mean([n_rep[k] / n_all[k] for k in n_rep])
+    weighted = np.mean([0.25 * n_rep[k] / (0.25 * n_rep[k] + n_all[k] - n_rep[k]) for k in n_rep])
+    assert share(draws(0.0)) == 0.0
+    assert abs(share(draws(0.25)) - weighted) < 0.03, (share(draws(0.25)), weighted)
+    assert abs(share(draws(1.0)) - uniform) < 0.03, (share(draws(1.0)), uniform)
+
+
 def test_a_few_steps_lower_the_loss_on_a_fixed_batch(tmp_path):
     cfg = full_attention_config()
     model = DFlashDrafter.from_config(cfg, seed=0)

@@ -134,6 +134,9 @@ def test_training_with_the_copy_loss_moves_the_head_onto_the_rows(tmp_path):
 
 @pytest.mark.parametrize("argv, message", [
     (["--copy-weight", "-1"], "--copy-weight must be >= 0"),
+    (["--repeat-keep", "1.5"], "--repeat-keep must be within [0, 1]"),
+    (["--repeat-keep", "nan"], "--repeat-keep must be within [0, 1]"),
+    (["--repeat-ngram", "0"], "--repeat-ngram must be >= 1"),
     (["--copy-head", "9", "--no-capture"], "--copy-head must name distinct heads within [0, 9)"),
     (["--copy-head", "1,1", "--no-capture"], "--copy-head must name distinct heads within [0, 9)"),
     (["--copy-head", "one", "--no-capture"], "--copy-head takes comma-separated head numbers"),

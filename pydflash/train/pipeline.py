@@ -282,6 +282,11 @@ def build_parser(prog: str = "pydflash train") -> argparse.ArgumentParser:
     p.add_argument("--copy-successor", action="store_true",
                    help="the copy head looks at the row after each match (it holds the token that followed) instead "
                         "of the match's own row (its prediction of that token)")
+    p.add_argument("--repeat-keep", type=float, default=1.0,
+                   help="sampling weight (0..1, against 1) of anchors whose last --repeat-ngram tokens already "
+                        "occurred earlier in the sequence: a small target's greedy captures loop far more than "
+                        "its answers to real prompts, and the history lookup drafts loops anyway (1 = uniform)")
+    p.add_argument("--repeat-ngram", type=int, default=16, help="tokens that make an anchor a repeat (default 16)")
     p.add_argument("--max-minutes", type=float, default=None, help="stop training after this long (resumable)")
     p.add_argument("--checkpoint-every", type=int, default=100)
     p.add_argument("--eval-every", type=int, default=100)
@@ -319,6 +324,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--soft-weight must be within [0, 1], got {args.soft_weight}")
     if args.copy_weight < 0:
         parser.error(f"--copy-weight must be >= 0, got {args.copy_weight}")
+    if not 0.0 <= args.repeat_keep <= 1.0:
+        parser.error(f"--repeat-keep must be within [0, 1], got {args.repeat_keep}")
+    if args.repeat_ngram < 1:
+        parser.error(f"--repeat-ngram must be >= 1, got {args.repeat_ngram}")
     if args.copy_match < 1:
         parser.error(f"--copy-match must be >= 1, got {args.copy_match}")
     if args.resume_from and args.grow_from:
@@ -384,7 +393,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                              max_len=args.max_prompt + args.max_new, draft_vocab=args.draft_vocab,
                              autocast=args.autocast, soft_weight=args.soft_weight,
                              copy_weight=args.copy_weight, copy_heads=copy_heads, copy_match=args.copy_match,
-                             copy_successor=args.copy_successor)
+                             copy_successor=args.copy_successor, repeat_keep=args.repeat_keep,
+                             repeat_ngram=args.repeat_ngram)
     cache = FeatureCache(cache_dir)
     train_seqs, val_seqs = _split(cache.sequences(decode=False), 0.05)
     teacher = LastLayerTeacher(target_path, weights.lm_head) if args.soft_weight > 0 else None

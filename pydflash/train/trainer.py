@@ -71,6 +71,12 @@ class TrainSettings:
     copy_heads: tuple[int, ...] = (1,)
     copy_match: int = 1  # rows to look at: those ending the longest match (up to this many tokens) of the anchor's suffix
     copy_successor: bool = False  # look at the row after each match instead (it holds the token that followed)
+    # anchors whose last repeat_ngram tokens already occurred earlier in the sequence (the text loops:
+    # the history lookup drafts it) are drawn with this weight against 1 for the others; a small
+    # target's greedy captures loop far more than its answers to real prompts (README of
+    # benchmarks/results/drafter-training/smollm2-135m, session 17). 1 = uniform anchors
+    repeat_keep: float = 1.0
+    repeat_ngram: int = 16
 
 
 @dataclass
@@ -157,6 +163,19 @@ def _copy_rows(tok: np.ndarray, anc: np.ndarray, match: int, successor: bool = F
 def _copy_mass(probs: torch.Tensor, b: Batch) -> float:
     has = b.copy_rows.any(-1) & b.valid[:, :, 0]
     return round(float((probs.float() * b.copy_rows).sum(-1)[has].mean()), 4) if bool(has.any()) else 0.0
+
+
+def repeated_anchors(tokens: np.ndarray, lo: int, hi: int, n: int) -> np.ndarray:
+    """For anchors s = lo .. hi: whether tokens[s-n+1 .. s] also end at an earlier row r < s."""
+    t = np.ascontiguousarray(tokens, dtype=np.int64)
+    seen: set[bytes] = set()
+    out = np.zeros(max(0, hi - lo + 1), dtype=bool)
+    for s in range(n - 1, hi + 1):
+        key = t[s - n + 1:s + 1].tobytes()
+        if s >= lo and key in seen:
+            out[s - lo] = True
+        seen.add(key)
+    return out
 
 
 def _anchor_range(seq: CapturedSequence) -> tuple[int, int]:
@@ -293,6 +312,7 @@ class Trainer:
         self.step = 0
         self.schedule_start = 0  # the step where the learning-rate schedule began (--grow-from / --new-schedule restart it)
         self.history: list[dict] = []
+        self._weights_cache: dict[int, torch.Tensor] = {}
         self.weights = slot_weights(model.config.block_size, settings.gamma)
         self._val_batch: Batch | None = None
         # "auto" autocasts float32 training only: a float64 model (the reference checks) stays exact,
@@ -373,11 +393,29 @@ class Trainer:
         idx = torch.randint(len(self.train_seqs), (st.seqs_per_step,), generator=self.generator).tolist()
         seqs = [self.train_seqs[i] for i in idx]
         anchors = []
-        for s in seqs:
+        for i, s in zip(idx, seqs):
             lo, hi = _anchor_range(s)
-            anchors.append((lo + torch.randint(hi - lo + 1, (st.anchors_per_seq,), generator=self.generator)).numpy())
+            if st.repeat_keep < 1.0:
+                pick = torch.multinomial(self._anchor_weights(i), st.anchors_per_seq, replacement=True,
+                                         generator=self.generator)
+            else:
+                pick = torch.randint(hi - lo + 1, (st.anchors_per_seq,), generator=self.generator)
+            anchors.append((lo + pick).numpy())
         return make_batch(seqs, anchors, cfg.block_size, cfg.mask_token_id, label_rows=st.soft_weight > 0,
                           copy_match=st.copy_match, copy_successor=st.copy_successor)
+
+    def _anchor_weights(self, i: int) -> torch.Tensor:
+        """Sampling weights of train sequence i's anchors (``repeat_keep`` on repeated ones), cached."""
+        w = self._weights_cache.get(i)
+        if w is None:
+            s = self.train_seqs[i]
+            lo, hi = _anchor_range(s)
+            rep = repeated_anchors(s.tokens, lo, hi, self.settings.repeat_ngram)
+            w = torch.from_numpy(np.where(rep, self.settings.repeat_keep, 1.0))
+            if not bool((w > 0).any()):  # every anchor repeats and repeat_keep is 0: fall back to uniform
+                w = torch.ones_like(w)
+            self._weights_cache[i] = w
+        return w
 
     def _autocast(self):  # type: ignore[no-untyped-def]
         return torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.bf16)
