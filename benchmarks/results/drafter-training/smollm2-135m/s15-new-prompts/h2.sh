@@ -8,5 +8,5 @@ pydflash train --target smollm2-135m --out ${RUN:-/work/runs/s15/h2} --no-captur
   --eval-every 500 --checkpoint-every 250 --max-minutes ${MINUTES:-55} --quant Q4_K_M \
   --copy-weight 1.0 --copy-head 1,4,7 --copy-match 2 --copy-successor \
   --resume-from /work/main/benchmarks/results/drafter-training/smollm2-135m/portable-checkpoint.pt \
-  --new-schedule --save-portable ${RUN:-/work/runs/s15/h2}/portable.pt \
+  --new-schedule ${EXTRA_ARGS:-} --save-portable ${RUN:-/work/runs/s15/h2}/portable.pt \
   --curve ${RUN:-/work/runs/s15/h2}/curve.jsonl 2>&1 | grep -v "^llama\|^load\|^print_info" | tr '\r' '\n' | grep -v "it/s\]$\|s/it\]$"
