@@ -56,6 +56,32 @@ def test_lookup_drafts_keep_greedy_output_and_get_accepted(smollm2_path, drafter
                 assert st.n_lookup_accepted >= 6
 
 
+def test_history_drafts_are_not_bounded_by_the_drafters_block(smollm2_path, drafter_path):
+    """Under auto the drafter drafts at most block_size - 1 = 7 tokens; a repeat in the history is
+    verified more at a time (as without a drafter) once its measured acceptance prices it so."""
+    prompt = "def f():\n    return [" + "1, 2, 3, " * 6  # SmolLM2 goes on with "1, 2, 3, " over and over
+    with Engine(smollm2_path, drafter_path, n_ctx=512, n_threads=2, lookup=2) as engine:
+        tokens = engine.target.tokenize(prompt)
+        plain = engine.target.generate(tokens, max_tokens=96, temperature=0, ignore_eos=True).tokens
+        spec = engine.generate(tokens, max_tokens=96, temperature=0, ignore_eos=True)
+        _tie_aware_equal(engine.target, tokens, plain, spec.tokens)
+        assert spec.stats.n_lookup_accepted >= 48
+        assert max(engine.last_widths) > 7
+
+
+def test_stale_row_costs_do_not_keep_history_drafts_off(smollm2_path, monkeypatch):
+    """Row costs loaded from an earlier process (the tuning cache) priced from a few bad samples
+    (one cache held 4 rows at 1,185 ms) are bounded by what the loop measures now, so history
+    drafts still run where the text repeats; output stays plain decoding's."""
+    monkeypatch.setenv("PYDFLASH_AUTOTUNE_CACHE", "0")
+    with Engine(smollm2_path, None, n_ctx=512, n_threads=2, lookup=2) as engine:
+        engine.scheduler.set_tuning({"t_rows_ms": [7.0, 47.0, 113.0, 1185.0, 40.0, 91.0, 680.0, 900.0]})
+        tokens = engine.target.tokenize(REPEATING)
+        spec = engine.generate(tokens, max_tokens=N, temperature=0, ignore_eos=True)
+        _tie_aware_equal(engine.target, tokens, _plain(engine.target, tokens), spec.tokens)
+        assert spec.stats.n_lookup_accepted > 0
+
+
 def test_lookup_off_sampling_and_auto(smollm2_path, drafter_path):
     with Engine(smollm2_path, drafter_path, n_ctx=512, n_threads=2, n_max=7, lookup=0) as engine:
         tokens = engine.target.tokenize(REPEATING)

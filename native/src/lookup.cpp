@@ -59,9 +59,14 @@ void LookupStats::observe(int32_t match, int32_t n_offered, int32_t n_accepted) 
 
 std::vector<double> LookupStats::alphas(int32_t match) const {
     const AcceptanceCounts & c = counts_[size_t(std::min(std::max(match, 1), kBuckets) - 1)];
+    // position j's prior is the estimate of position j - 1: a repeat that held for j tokens tends
+    // to hold on. A flat prior priced the positions never offered at kPrior each, so widths that
+    // were never tried stayed unpriced (SmolLM2 repeating " YES" drafted 2 at a time, all accepted)
     std::vector<double> a(c.offered.size());
+    double prior = kPrior;
     for (size_t j = 0; j < a.size(); ++j) {
-        a[j] = (c.accepted[j] + kPrior * kPriorWeight) / (c.offered[j] + kPriorWeight);
+        a[j] = (c.accepted[j] + prior * kPriorWeight) / (c.offered[j] + kPriorWeight);
+        prior = a[j];
     }
     return a;
 }

@@ -9,6 +9,7 @@
 #include "speculative.h"
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 
 namespace dflash {
@@ -52,6 +53,9 @@ double time_drafter_block(Drafter & d, int32_t max_width) {
 // Feature rows kept for a drafter that is not drafting: past this many they are injected anyway
 // (bounds host memory; injection is batched, so it costs little per row).
 constexpr int32_t kMaxPendingRows = 1024;
+// Drafts from the history are not bounded by the drafter's block: a long repeat is verified up to
+// this many at a time (as with no drafter), at the width its measured acceptance prices best.
+constexpr int32_t kMaxLookupWidth = 15;
 
 }  // namespace
 
@@ -146,7 +150,7 @@ struct Scheduler::Sequence {
 Scheduler::Scheduler(Target & target, Drafter * drafter, const SchedulerParams & params)
     : target_(target), drafter_(drafter), params_(params),
       n_batch_(params.n_batch > 0 ? std::min(params.n_batch, target.n_batch()) : target.n_batch()),
-      max_width_(drafter ? std::max(1, std::min(drafter->hparams().block_size - 1, 15)) : 15),
+      max_width_(drafter ? std::max(1, std::min(drafter->hparams().block_size - 1, 15)) : kMaxLookupWidth),
       policy_(max_width_, n_batch_) {
     if (params.n_max < -1) {
         fail(DFLASH_ERR_INVALID_ARGUMENT, "n_max must be >= 0, or -1 for auto (got %d)", params.n_max);
@@ -595,13 +599,14 @@ bool Scheduler::lookup_allowed(const Sequence & s) const {
     return s.source ? s.source == s.slot->dflash.get() : !s.req.draft_source && !s.slot->dflash;
 }
 
-// How many drafts s may verify this step (0: none), from its own limits.
-int32_t Scheduler::draft_cap(const Sequence & s) const {
+// How many drafts s may verify this step (0: none), from its own limits and `limit`: the
+// drafter's block (max_width_) or, for drafts from the history, kMaxLookupWidth.
+int32_t Scheduler::draft_cap(const Sequence & s, int32_t limit) const {
     if (!s.source && !lookup_allowed(s)) {
         return 0;
     }
-    int32_t k = s.req.n_max >= 0 ? s.req.n_max : params_.n_max >= 0 ? params_.n_max : max_width_;
-    k = std::min(k, max_width_);
+    int32_t k = s.req.n_max >= 0 ? s.req.n_max : params_.n_max >= 0 ? params_.n_max : limit;
+    k = std::min(k, limit);
     k = std::min(k, target_.n_ctx() - 1 - s.n_past);
     if (s.req.gen.max_tokens >= 0) {
         k = std::min(k, s.req.gen.max_tokens - s.out->stats.n_generated - 1);
@@ -683,9 +688,11 @@ double Scheduler::draft_all(const std::vector<Sequence *> & decoding, const std:
         int32_t n_flushed = 0;
         for (size_t g : group) {  // features of rows committed since each one's last block
             Sequence & o = *decoding[g];
-            n_flushed = std::max(n_flushed, o.slot->n_pending);
+            n_flushed += o.slot->n_pending;
             flush_features(*o.slot, *o.source);
         }
+        const double t_inject = ms_since(t0);
+        const auto t_block0 = clock_type::now();
         if (batched) {
             std::vector<DFlashDraftSource::Job> jobs;
             for (size_t g : group) {
@@ -699,7 +706,7 @@ double Scheduler::draft_all(const std::vector<Sequence *> & decoding, const std:
         } else {
             s.draft = s.source->draft(s.anchor, s.n_past, k[i], s.req.gen.sampling.temperature, s.rng);
         }
-        const double t_ms = ms_since(t0);
+        const double t_block = ms_since(t_block0), t_ms = t_inject + t_block;
         total_ms += t_ms;
         for (size_t g : group) {
             Sequence & o = *decoding[g];
@@ -707,9 +714,10 @@ double Scheduler::draft_all(const std::vector<Sequence *> & decoding, const std:
             trim_draft(o, k[i]);
             done[g] = true;
         }
-        // a catch-up injection after drafting was off is not a block's usual cost
-        if (params_.n_max < 0 && n_flushed <= 2 * (max_width_ + 1)) {
-            policy_.observe_draft(k[i], t_ms / double(group.size()));
+        if (params_.n_max < 0) {
+            const double n = double(group.size());
+            policy_.observe_draft(k[i], t_block / n);
+            policy_.observe_inject(int32_t(std::lround(n_flushed / n)), t_inject / n);
         }
     }
     return total_ms;
@@ -856,7 +864,7 @@ void Scheduler::step(dflash_step_info * info) {
     bool any_source = false;
     std::vector<WidthPolicy::Candidate> auto_cands;  // sequences whose width the policy picks
     for (auto * s : decoding) {
-        cands.push_back({draft_cap(*s), &s->counts});
+        cands.push_back({draft_cap(*s, max_width_), &s->counts});
         any_source = any_source || s->source;
         if (s->source && s->req.n_max < 0) {
             auto_cands.push_back(cands.back());
@@ -898,7 +906,7 @@ void Scheduler::step(dflash_step_info * info) {
         s.lookup_match = 0;
         // a request with its own n_max drafts exactly that (capped); the others take the width
         ks[i] = s.source ? std::min({s.req.n_max >= 0 ? cands[i].cap : std::min(width, cands[i].cap), budget}) : 0;
-        const int32_t k_lookup = lookup_width(s, std::min(cands[i].cap, budget));
+        const int32_t k_lookup = lookup_width(s, std::min(draft_cap(s, kMaxLookupWidth), budget));
         if (k_lookup > 0) {
             ks[i] = k_lookup;  // drafted from the history: the drafter skips this sequence
             trim_draft(s, k_lookup);
@@ -973,6 +981,16 @@ void Scheduler::step(dflash_step_info * info) {
         const int32_t before = st.n_generated;
         accept(*s);
         info->n_committed += st.n_generated - before;
+    }
+    if (params_.n_max < 0 && n_prefill_rows == 0 && !decoding.empty()) {
+        bool from_history = false, from_drafter = false;
+        for (const auto * s : decoding) {
+            from_history = from_history || (!s->draft.tokens.empty() && s->lookup_match > 0);
+            from_drafter = from_drafter || (!s->draft.tokens.empty() && s->lookup_match == 0);
+        }
+        using Kind = WidthPolicy::StepKind;
+        policy_.observe_step(from_history ? Kind::kHistory : from_drafter ? Kind::kDrafted : Kind::kPlain,
+                             info->n_committed, ms_since(t_step));
     }
     // -- prefill progress; a finished prompt gives the sequence its first token
     for (auto * s : prefilling) {

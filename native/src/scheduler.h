@@ -88,7 +88,7 @@ private:
     void admit();
     void start_prefill(Sequence & s, Slot & slot);
     bool lookup_allowed(const Sequence & s) const;
-    int32_t draft_cap(const Sequence & s) const;
+    int32_t draft_cap(const Sequence & s, int32_t limit) const;
     int32_t lookup_width(Sequence & s, int32_t cap);
     void trim_draft(Sequence & s, int32_t k);
     double draft_all(const std::vector<Sequence *> & decoding, const std::vector<int32_t> & k);

@@ -6,11 +6,14 @@
 // draft is accepted given the earlier ones were,
 //
 //     expected tokens     E(w) = sum_s (1 + sum_{i<=k_s} prod_{j<=i} a_{s,j})
-//     expected time       C(w) = T(R) + n * D(w)          (T: target batch, D: one drafter block)
+//     expected time       C(w) = T(R) + n * (D(w) + I)    (T: target batch, D: one drafter block,
+//                                                          I: the injection of what was committed
+//                                                          since the sequence's last block)
 //     throughput          E(w) / C(w),          w = 0: n / T(n), the drafter is not run at all
 //
 // T(R) is learned per row count from every step (running mean of recent steps, interpolated
-// between measured row counts, extrapolated with the measured slope), D(w) per width, a_j from
+// between measured row counts, extrapolated with the measured slope; a row count with only a few
+// samples no dearer than the well-sampled ones make it), D(w) per width, a_j from
 // every verified draft (decaying counts; per sequence on top of the global estimate). While no
 // width beats plain decoding, a probe step (the best w >= 1) runs now and then, at first after the
 // first plain steps, then at a period that doubles each time a probe confirms "off".
@@ -61,10 +64,22 @@ public:
     void observe_target(int32_t rows, double t_target_ms);
     // A step with prefill rows ran: the next decode steps are warming up (not recorded).
     void observe_prefill();
-    // One drafter block of width w (w + 1 slots) plus its injections, for one sequence.
+    // One drafter block of width w (w + 1 slots), for one sequence, without its injection.
     void observe_draft(int32_t width, double t_ms);
+    // The injection before one block: the features of the n_rows rows the sequence committed since
+    // its last block (lookup and plain steps too), which every block pays on top of its own cost.
+    void observe_inject(int32_t n_rows, double t_ms);
     // One verified draft: n_offered drafts, the first n_accepted accepted.
     void observe_accept(int32_t n_offered, int32_t n_accepted);
+    // One decode step under auto without prefill rows, as it really ran: its committed tokens and
+    // whole time (injection, drafting, verification, acceptance). A plain or drafted step and the
+    // step after it when that one verified drafts from the history make one episode: drafts from
+    // the drafter where the history has no match often only take the first tokens of a repeat that
+    // the history would have drafted next. Drafting that the estimates price as paying but whose
+    // episodes run slower than plain ones (this overlap, a block's catch-up injections, shape
+    // switches: what the model leaves out) is turned off like a width that does not pay.
+    enum class StepKind { kPlain, kDrafted, kHistory };
+    void observe_step(StepKind kind, int32_t n_committed, double t_ms);
     // A probe step finished: keep probing rarely if speculation still does not pay.
     void probe_done();
 
@@ -74,7 +89,8 @@ public:
 
     // Estimates (ms); negative when nothing is known yet.
     double target_ms(int32_t rows) const;
-    double draft_ms(int32_t width) const;
+    double draft_ms(int32_t width) const;   // the block alone
+    double inject_ms() const { return n_inject_ > 0 ? t_inject_ : 0.0; }  // per block, mean
     std::vector<double> alphas(const AcceptanceCounts * own) const;
 
     // What the policy has learned, to remember across processes.
@@ -88,12 +104,21 @@ private:
     double throughput(const std::vector<Candidate> & seqs, const std::vector<std::vector<double>> & alphas,
                       int32_t width, bool priced = false) const;
     double priced_target_ms(int32_t rows) const;
+    double modelled_ms(int32_t rows, int32_t min_samples) const;
 
     int32_t max_width_, max_rows_;
     std::vector<double> t_rows_;   // running mean ms per row count (index = rows; 0 = unknown)
     std::vector<int32_t> n_rows_;  // samples behind each mean
     std::vector<double> t_draft_;  // per width (index = width)
     std::vector<int32_t> n_draft_;
+    bool realized_loses() const;
+    double real_tokens_[2] = {0.0, 0.0}, real_ms_[2] = {0.0, 0.0};  // decayed sums: [0] plain, [1] drafted
+    int32_t real_n_[2] = {0, 0};
+    int32_t episode_ = -1;           // the open episode's kind (-1: none), its tokens and time
+    double episode_tokens_ = 0.0, episode_ms_ = 0.0;
+    void close_episode();
+    double t_inject_ = 0.0;        // running mean ms of the injection before a block
+    int32_t n_inject_ = 0;
     AcceptanceCounts global_;
     std::vector<double> profile_;  // measured acceptance by position (empty: the blind prior)
     int32_t steps_since_probe_ = 0;
