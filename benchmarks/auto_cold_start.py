@@ -34,12 +34,18 @@ import time
 from pathlib import Path
 
 
+def p_min_of(mode: str) -> tuple[str, float]:
+    """``<mode>-pNN``: the mode with drafts cut before the first pick of confidence < 0.NN (p_min)."""
+    head, _, tail = mode.rpartition("-p")
+    return (head, int(tail) / 100) if head and tail.isdigit() else (mode, 0.0)
+
+
 def base_mode(mode: str) -> tuple[str, int]:
     """A mode and its lookup setting: ``<mode>-nolookup`` turns drafts from the history off.
 
     ``<mode>-cand`` is the same mode with the ``--candidate`` drafter in place of ``-md``'s.
     """
-    mode = mode.removesuffix("-cand")
+    mode = p_min_of(mode)[0].removesuffix("-cand")
     return (mode[: -len("-nolookup")], 0) if mode.endswith("-nolookup") else (mode, 2)
 
 
@@ -50,13 +56,13 @@ def worker(args: argparse.Namespace) -> None:
     prompt = prompts.load(args.prompts, limit=1, offset=args.offset + args.index)[0]
     mode, lookup = base_mode(args.mode)
     history_only = mode.startswith("history")
-    chosen = args.candidate if args.mode.endswith("-cand") else args.model_draft
+    chosen = args.candidate if p_min_of(args.mode)[0].endswith("-cand") else args.model_draft
     drafter = None if mode == "plain" or history_only else args.blind_drafter if mode == "auto-blind" else (
         chosen or "auto")
     n_max: int | str = "auto" if mode.startswith(("auto", "history")) else int(mode[1:]) if mode != "plain" else 0
     lookup = 0 if mode == "plain" else lookup
     with Engine(args.model, drafter, n_ctx=args.ctx_size, n_threads=args.threads, n_max=n_max,
-                lookup=lookup) as engine:
+                lookup=lookup, p_min=p_min_of(args.mode)[1]) as engine:
         text = prompt.render(engine.target)
         r = engine.generate(text, max_tokens=args.n_predict, temperature=0, ignore_eos=True)
         print(json.dumps({"mode": args.mode, "prompt": prompt.id, "tok_s": r.stats.tokens_per_second,
@@ -98,7 +104,7 @@ def main() -> int:
         base += ["-md", args.model_draft]
     if args.candidate:
         base += ["--candidate", args.candidate]
-    elif any(m.endswith("-cand") for m in modes):
+    elif any(p_min_of(m)[0].endswith("-cand") for m in modes):
         raise SystemExit("a mode ending in -cand needs --candidate FILE")
 
     def run(mode: str, index: int) -> dict:

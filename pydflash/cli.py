@@ -98,7 +98,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
             per_pos = ", ".join(str(n) for n in st.accepted_per_position[: max(engine.last_n_max, 1)])
             print(
                 f"[pydflash] drafter {os.path.basename(engine.drafter.path)}, n_max {engine.last_n_max}{' (auto)' if engine.auto_n_max else ''}, drafted {st.n_drafted}, accepted {st.n_accepted} "
-                f"({100.0 * st.n_accepted / max(st.n_drafted, 1):.1f}%), verify steps {st.n_verify_steps}, "
+                f"({100.0 * st.n_accepted / max(st.n_drafted, 1):.1f}%), not verified (trimmed) {st.n_trimmed}, verify steps {st.n_verify_steps}, "
                 f"tau {st.tau:.2f}, accepted per position [{per_pos}] | draft {st.t_draft_ms:.0f} ms, "
                 f"verify {st.t_verify_ms:.0f} ms, accept {st.t_accept_ms:.0f} ms | from the history: drafted "
                 f"{st.n_lookup_drafted}, accepted {st.n_lookup_accepted}",

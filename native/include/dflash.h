@@ -337,6 +337,7 @@ typedef struct dflash_stats {
     int32_t n_cached;               /* prompt tokens whose KV was reused from the slot (cache_prompt) */
     int32_t n_lookup_drafted;       /* of n_drafted: tokens proposed from the sequence's own history */
     int32_t n_lookup_accepted;      /* of n_accepted: such tokens accepted */
+    int32_t n_trimmed;              /* drafter drafts not verified: cut by auto's trim (or p_min), not in n_drafted */
 } dflash_stats;
 
 /* Streaming: called once per committed token with the newly releasable UTF-8 text (may be empty
@@ -643,13 +644,20 @@ typedef struct dflash_slot_info {
 } dflash_slot_info;
 
 /* What auto mode has learned (to remember across processes): target step time by total rows
- * (t_rows_ms[r-1], 0 = unknown), one sequence's drafter block by width (t_draft_ms[w-1]), and
- * acceptance counts by draft position. */
+ * (t_rows_ms[r-1], 0 = unknown), one sequence's drafter block by width (t_draft_ms[w-1]),
+ * acceptance counts by draft position, and what auto's trim of greedy blocks learned. */
 typedef struct dflash_tuning {
     float t_rows_ms[256];
     float t_draft_ms[16];
     float offered[16];
     float accepted[16];
+    float trim_offered[16];   /* auto's trim: verified picks by the drafter's confidence (bin i: [i/10, (i+1)/10)) */
+    float trim_accepted[16];  /* ... of those accepted */
+    float trim_drafted[16];   /* blocks that proposed draft i + 1 having kept draft i */
+    float trim_kept[16];      /* ... of those that kept it */
+    float trim_blocks[16];    /* trimmed blocks by width (index = width) */
+    float trim_block_kept[16];      /* ... their drafts kept */
+    float trim_block_accepted[16];  /* ... their drafts accepted */
 } dflash_tuning;
 
 dflash_scheduler_params dflash_scheduler_default_params(void);

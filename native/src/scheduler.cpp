@@ -142,6 +142,7 @@ struct Scheduler::Sequence {
     bool    cancel = false;
     Draft   draft;
     int32_t lookup_match = 0;      // > 0: this step's draft came from the history (match length)
+    int32_t n_block_drafts = 0;    // > 0: the drafter ran for this step and proposed this many (before any cut)
     int32_t row0 = 0, n_rows = 0;  // this step's rows in the batch
     AcceptanceCounts counts{16};
     clock_type::time_point t_added, t_started;
@@ -671,6 +672,10 @@ void Scheduler::trim_draft(Sequence & s, int32_t k) {
 double Scheduler::draft_all(const std::vector<Sequence *> & decoding, const std::vector<int32_t> & k) {
     double total_ms = 0.0;
     std::vector<bool> done(decoding.size(), false);
+    int32_t rows = 0;  // the step's decode rows so far: one per sequence, the history drafts, kept blocks
+    for (const Sequence * s : decoding) {
+        rows += 1 + (s->lookup_match > 0 ? int32_t(s->draft.tokens.size()) : 0);
+    }
     for (size_t i = 0; i < decoding.size(); ++i) {
         Sequence & s = *decoding[i];
         if (done[i] || k[i] <= 0 || !s.source || s.lookup_match > 0) {
@@ -711,7 +716,16 @@ double Scheduler::draft_all(const std::vector<Sequence *> & decoding, const std:
         for (size_t g : group) {
             Sequence & o = *decoding[g];
             o.out->stats.t_draft_ms += t_ms / double(group.size());
+            o.n_block_drafts = std::max(1, std::min(k[i], int32_t(o.draft.tokens.size())));
             trim_draft(o, k[i]);
+            if (params_.n_max < 0 && o.req.n_max < 0 && o.req.gen.sampling.temperature <= 0.0f) {
+                // under auto: only the prefix of the block worth its rows is verified
+                const int32_t kept = policy_.trim(o.draft.confidence, int32_t(o.draft.tokens.size()), rows,
+                                                  int32_t(decoding.size()));
+                o.draft.tokens.resize(size_t(kept));
+            }
+            o.out->stats.n_trimmed += o.n_block_drafts - int32_t(o.draft.tokens.size());
+            rows += int32_t(o.draft.tokens.size());
             done[g] = true;
         }
         if (params_.n_max < 0) {
@@ -774,6 +788,11 @@ void Scheduler::accept(Sequence & s) {
     } else if (n_draft > 0) {
         s.counts.observe(n_draft, n_acc);
         policy_.observe_accept(n_draft, n_acc);
+    }
+    if (s.n_block_drafts > 0 && s.lookup_match == 0 && params_.n_max < 0 && s.req.n_max < 0) {
+        // the trim's survival rates; its calibration from greedy picks only (what it cuts)
+        static const std::vector<float> kNone;
+        policy_.observe_trim(sp.temperature <= 0.0f ? s.draft.confidence : kNone, s.n_block_drafts, n_draft, n_acc);
     }
     // rows 0..n_acc of the block stay in the caches, the rest is rolled back
     const int32_t n_commit = n_acc + 1;
@@ -864,7 +883,9 @@ void Scheduler::step(dflash_step_info * info) {
     bool any_source = false;
     std::vector<WidthPolicy::Candidate> auto_cands;  // sequences whose width the policy picks
     for (auto * s : decoding) {
-        cands.push_back({draft_cap(*s, max_width_), &s->counts});
+        // greedy blocks of the DFlash drafter carry its confidence: the policy trims them
+        const bool trimmed = s->source && s->source == s->slot->dflash.get() && s->req.gen.sampling.temperature <= 0.0f;
+        cands.push_back({draft_cap(*s, max_width_), &s->counts, trimmed});
         any_source = any_source || s->source;
         if (s->source && s->req.n_max < 0) {
             auto_cands.push_back(cands.back());
@@ -904,6 +925,7 @@ void Scheduler::step(dflash_step_info * info) {
         Sequence & s = *decoding[i];
         s.draft = Draft{};
         s.lookup_match = 0;
+        s.n_block_drafts = 0;
         // a request with its own n_max drafts exactly that (capped); the others take the width
         ks[i] = s.source ? std::min({s.req.n_max >= 0 ? cands[i].cap : std::min(width, cands[i].cap), budget}) : 0;
         const int32_t k_lookup = lookup_width(s, std::min(draft_cap(s, kMaxLookupWidth), budget));
@@ -986,7 +1008,7 @@ void Scheduler::step(dflash_step_info * info) {
         bool from_history = false, from_drafter = false;
         for (const auto * s : decoding) {
             from_history = from_history || (!s->draft.tokens.empty() && s->lookup_match > 0);
-            from_drafter = from_drafter || (!s->draft.tokens.empty() && s->lookup_match == 0);
+            from_drafter = from_drafter || s->n_block_drafts > 0;  // a block cut to nothing was paid for too
         }
         using Kind = WidthPolicy::StepKind;
         policy_.observe_step(from_history ? Kind::kHistory : from_drafter ? Kind::kDrafted : Kind::kPlain,

@@ -33,6 +33,23 @@ constexpr int32_t kMinRealSteps = 6;
 constexpr int32_t kMaxInjectRows = 64;
 // A row count's running mean is trusted on its own from this many samples (see target_ms)
 constexpr int32_t kTrustedSamples = 4;
+// Trim: a confidence bin's acceptance starts at the bin's midpoint (the drafter taken at its word),
+// worth this many picks; a position's survival starts at 1 (every draft verified), worth this many
+// blocks, so the estimates price a width as before until the trim has been seen to cut it
+constexpr double kCalibrationWeight = 4.0;
+constexpr double kSurvivalWeight = 2.0;
+// A trimmed probe risks little more than its block (the trim verifies only drafts likely to pay),
+// so until this many blocks were trimmed the probes come every kTrimProbePeriod steps
+constexpr double kTrimLearnBlocks = 8.0;
+constexpr double kTrimTrusted = 4.0;  // trimmed blocks before their means price the widths
+constexpr int32_t kTrimProbePeriod = 4;
+
+int32_t confidence_bin(float c, int32_t n_bins) {
+    if (!(c > 0.0f)) {
+        return 0;
+    }
+    return std::min(n_bins - 1, int32_t(double(c) * n_bins));
+}
 
 // running mean that follows recent samples (a busy spell on a shared machine fades out)
 void update_mean(double & mean, int32_t & n, double sample) {
@@ -95,7 +112,11 @@ void WidthPolicy::observe_target(int32_t rows, double t_ms) {
     if (pending_rows_ > 0) {
         const bool back = switched && rows == 1 && n_rows_[1] > 0;
         const double t_switch = back ? std::max(0.0, t_ms - t_rows_[1]) : 0.0;
-        const double t_pending = std::max(pending_ms_ - t_switch, n_rows_[1] > 0 ? t_rows_[1] : 0.0);
+        // Trimmed blocks vary the row count from step to step: there the switch back is part of
+        // what a multi-row step costs (SmolLM2, 2 AVX2 cores: 1, 2, 1, 2 rows take 8.9 and 10.8 ms
+        // where 1 and 2 rows alone take 8.1 and 9.6 ms)
+        const double t_pending = trimming_ ? pending_ms_ + t_switch
+                                           : std::max(pending_ms_ - t_switch, n_rows_[1] > 0 ? t_rows_[1] : 0.0);
         update_mean(t_rows_[size_t(pending_rows_)], n_rows_[size_t(pending_rows_)], t_pending);
         pending_rows_ = 0;
         if (back) {
@@ -164,6 +185,111 @@ void WidthPolicy::observe_accept(int32_t n_offered, int32_t n_accepted) {
     }
     global_.decay(kDecay);
     global_.observe(n_offered, n_accepted);
+}
+
+double WidthPolicy::calibrated(float confidence) const {
+    const int32_t b = confidence_bin(confidence, kConfBins);
+    const double mid = (double(b) + 0.5) / kConfBins;
+    return (cal_accepted_[b] + mid * kCalibrationWeight) / (cal_offered_[b] + kCalibrationWeight);
+}
+
+// S_j = prod_{i<=j} c_i, c_i: the chance the trim keeps draft i of a block that kept draft i - 1.
+// A position the trim has not been seen at (a width never chosen) takes the previous position's c.
+double WidthPolicy::survival(int32_t j) const {
+    double s = 1.0, c = 1.0;
+    for (int32_t i = 0; i <= std::min(j, 15); ++i) {
+        c = (surv_kept_[i] + c * kSurvivalWeight) / (surv_drafted_[i] + kSurvivalWeight);
+        s *= c;
+    }
+    return s;
+}
+
+int32_t WidthPolicy::trim(const std::vector<float> & confidence, int32_t k, int32_t rows, int32_t n_seqs) const {
+    if (k <= 0 || int32_t(confidence.size()) < k || rows < 1 || n_seqs < 1) {
+        return std::max(k, 0);  // nothing to cut, or no confidence to cut by
+    }
+    const double t_base = priced_target_ms(rows), t_plain = target_ms(n_seqs);
+    if (!(t_base > 0.0) || !(t_plain > 0.0)) {
+        return k;  // costs not measured yet: verify what the width asked for
+    }
+    // the tokens a row's time yields when plain decoding: what verifying one more draft must beat
+    const double rate = double(n_seqs) / t_plain;
+    double run = 1.0, expected = 0.0, best_value = 0.0;
+    int32_t best = 0;
+    for (int32_t j = 0; j < k; ++j) {
+        run *= calibrated(confidence[size_t(j)]);
+        expected += run;  // tokens the first j + 1 drafts are expected to add
+        const double t = priced_target_ms(rows + j + 1);
+        if (!(t > 0.0)) {
+            break;
+        }
+        const double value = expected - rate * (t - t_base);
+        if (value > best_value) {
+            best_value = value;
+            best = j + 1;
+        }
+    }
+    return best;
+}
+
+bool WidthPolicy::trimmed_block(int32_t width, double * kept, double * accepted) const {
+    double total = 0.0;
+    for (double b : trim_blocks_) {
+        total += b;
+    }
+    if (total < kTrimTrusted || width < 1) {
+        return false;
+    }
+    // the width itself, else the nearest measured one, wider first (a wider block's trim can
+    // only keep more: an optimistic guess that the narrower width then measures)
+    for (int32_t d = 0; d < 16; ++d) {
+        for (int32_t w : {width + d, width - d}) {
+            if (w >= 1 && w < 16 && trim_blocks_[w] >= 1.0) {
+                *kept = std::min(double(width), trim_block_kept_[w] / trim_blocks_[w]);
+                *accepted = std::min(*kept, trim_block_accepted_[w] / trim_blocks_[w]);
+                return true;
+            }
+        }
+    }
+    return false;
+}
+
+void WidthPolicy::observe_trim(const std::vector<float> & confidence, int32_t drafted, int32_t kept,
+                               int32_t accepted) {
+    if (drafted <= 0) {
+        return;
+    }
+    if (!confidence.empty() && drafted < 16) {
+        for (int32_t w = 0; w < 16; ++w) {
+            trim_blocks_[w] *= kDecay;
+            trim_block_kept_[w] *= kDecay;
+            trim_block_accepted_[w] *= kDecay;
+        }
+        trim_blocks_[drafted] += 1.0;
+        trim_block_kept_[drafted] += double(kept);
+        trim_block_accepted_[drafted] += double(std::min(accepted, kept));  // what it really added, not what the trim expected
+    }
+    for (int32_t j = 0; j < 16; ++j) {
+        surv_drafted_[j] *= kDecay;
+        surv_kept_[j] *= kDecay;
+    }
+    for (int32_t j = 0; j < std::min(drafted, std::min(kept + 1, 16)); ++j) {  // drafted j, kept j - 1
+        surv_drafted_[j] += 1.0;
+        surv_kept_[j] += j < kept ? 1.0 : 0.0;
+    }
+    for (int32_t b = 0; b < kConfBins; ++b) {
+        cal_offered_[b] *= kDecay;
+        cal_accepted_[b] *= kDecay;
+    }
+    // the picks verification judged: the kept ones up to the first rejection
+    for (int32_t j = 0; j < std::min(kept, int32_t(confidence.size())); ++j) {
+        const int32_t b = confidence_bin(confidence[size_t(j)], kConfBins);
+        cal_offered_[b] += 1.0;
+        if (j >= accepted) {
+            break;
+        }
+        cal_accepted_[b] += 1.0;
+    }
 }
 
 void WidthPolicy::probe_done() {
@@ -297,27 +423,41 @@ std::vector<double> WidthPolicy::alphas(const AcceptanceCounts * own) const {
     return a;
 }
 
-// Expected committed tokens of one sequence drafting k tokens, from its conditional acceptance a.
-static double expected_tokens(const std::vector<double> & a, int32_t k) {
-    double total = 1.0, run = 1.0;
-    for (int32_t j = 0; j < k; ++j) {
-        run *= a[size_t(j)];
-        total += run;
+double WidthPolicy::fractional_ms(double rows, bool priced) const {
+    const int32_t lo = std::max(1, int32_t(std::floor(rows)));
+    const double t_lo = priced ? priced_target_ms(lo) : target_ms(lo);
+    const double f = rows - double(lo);
+    if (f <= 1e-9 || t_lo <= 0.0) {
+        return t_lo;
     }
-    return total;
+    const double t_hi = priced ? priced_target_ms(lo + 1) : target_ms(lo + 1);
+    return t_hi > 0.0 ? t_lo + f * (t_hi - t_lo) : -1.0;
 }
 
 double WidthPolicy::throughput(const std::vector<Candidate> & seqs, const std::vector<std::vector<double>> & alphas,
                                int32_t width, bool priced) const {
-    int32_t rows = 0, n_drafting = 0;
-    double tokens = 0.0;
+    int32_t n_drafting = 0;
+    double rows = 0.0, tokens = 0.0;
     for (size_t i = 0; i < seqs.size(); ++i) {
         const int32_t k = std::min(width, seqs[i].cap);
-        rows += 1 + k;
         n_drafting += k > 0 ? 1 : 0;
-        tokens += expected_tokens(alphas[i], k);
+        rows += 1.0;
+        tokens += 1.0;
+        double kept = 0.0, accepted = 0.0;
+        if (k > 0 && seqs[i].trimmed && trimmed_block(k, &kept, &accepted)) {
+            rows += kept;  // what trimmed blocks of this width verified, and of that accepted
+            tokens += accepted;
+            continue;
+        }
+        // draft j is verified at the rate the trim kept it (S_j), and then passes at prod a
+        double run = 1.0;
+        for (int32_t j = 0; j < k; ++j) {
+            run *= alphas[i][size_t(j)];
+            rows += survival(j);
+            tokens += survival(j) * run;
+        }
     }
-    const double t_target = priced ? priced_target_ms(rows) : target_ms(rows);
+    const double t_target = fractional_ms(rows, priced);
     const double t_block = width == 0 ? 0.0 : draft_ms(width);
     const double t_draft = t_block < 0.0 ? t_block : t_block + (width == 0 ? 0.0 : inject_ms());
     if (t_target <= 0.0 || t_draft < 0.0) {
@@ -337,6 +477,10 @@ int32_t WidthPolicy::choose(const std::vector<Candidate> & seqs, bool * probe) {
     cap = std::min(cap, max_width_);
     if (cap <= 0 || seqs.empty()) {
         return 0;
+    }
+    trimming_ = false;
+    for (const auto & c : seqs) {
+        trimming_ = trimming_ || c.trimmed;
     }
     std::vector<std::vector<double>> alphas_of;  // once per step, not per width
     for (const auto & c : seqs) {
@@ -383,14 +527,16 @@ int32_t WidthPolicy::choose(const std::vector<Candidate> & seqs, bool * probe) {
     const double ratio = best_probe_s > 0.0 ? best_probe_s / plain : 1.0;
     base_period_ = ratio < 0.6 ? 128 : ratio < 0.85 ? 64 : kFirstPeriod;
     last_width_ = 0;
+    // (not for a drafter the estimates put far from paying: known to lose, it is not worth learning)
+    const bool learning = trimming_ && surv_drafted_[0] < kTrimLearnBlocks && ratio >= kColdProbeBar;
     bool initial = n_probes_ < kInitialProbes && steps_since_probe_ >= 2;
-    if (initial && priced && ratio < kColdProbeBar) {
+    if (initial && priced && ratio < kColdProbeBar && !learning) {
         n_probes_ = kInitialProbes;  // priced out: no cold-start probe, only the periodic ones
         initial = false;
     }
-    const int32_t period = std::max(probe_period_, base_period_);
+    const int32_t period = learning ? kTrimProbePeriod : std::max(probe_period_, base_period_);
     if (initial || steps_since_probe_ >= period) {
-        if (!initial) {
+        if (!initial && !learning) {
             probe_period_ = std::min(period * 2, kMaxPeriod);
         }
         *probe = true;
@@ -411,6 +557,17 @@ void WidthPolicy::save(dflash_tuning * out) const {
     for (size_t j = 0; j < 16; ++j) {
         out->offered[j] = float(global_.offered[j]);
         out->accepted[j] = float(global_.accepted[j]);
+        out->trim_drafted[j] = float(surv_drafted_[j]);
+        out->trim_kept[j] = float(surv_kept_[j]);
+    }
+    for (int32_t b = 0; b < kConfBins; ++b) {
+        out->trim_offered[b] = float(cal_offered_[b]);
+        out->trim_accepted[b] = float(cal_accepted_[b]);
+    }
+    for (size_t w = 0; w < 16; ++w) {
+        out->trim_blocks[w] = float(trim_blocks_[w]);
+        out->trim_block_kept[w] = float(trim_block_kept_[w]);
+        out->trim_block_accepted[w] = float(trim_block_accepted_[w]);
     }
 }
 
@@ -436,8 +593,29 @@ void WidthPolicy::load(const dflash_tuning & in) {
             global_.accepted[j] = acc;
         }
     }
-    if (global_.n_observed() > 0.0) {
-        n_probes_ = kInitialProbes;  // learned before: no cold-start probes
+    auto counts = [](float n, float of) { return std::isfinite(n) && std::isfinite(of) && n >= 0.0f && n <= of; };
+    for (size_t j = 0; j < 16; ++j) {
+        if (counts(in.trim_kept[j], in.trim_drafted[j])) {
+            surv_drafted_[j] = in.trim_drafted[j];
+            surv_kept_[j] = in.trim_kept[j];
+        }
+    }
+    for (int32_t b = 0; b < kConfBins; ++b) {
+        if (counts(in.trim_accepted[b], in.trim_offered[b])) {
+            cal_offered_[b] = in.trim_offered[b];
+            cal_accepted_[b] = in.trim_accepted[b];
+        }
+    }
+    for (size_t w = 1; w < 16; ++w) {
+        const float b = in.trim_blocks[w], r = in.trim_block_kept[w], g = in.trim_block_accepted[w];
+        if (counts(0.0f, b) && counts(r, float(w) * b) && counts(g, r)) {
+            trim_blocks_[w] = b;
+            trim_block_kept_[w] = r;
+            trim_block_accepted_[w] = g;
+        }
+    }
+    if (global_.n_observed() > 0.0 || surv_drafted_[0] > 0.0) {
+        n_probes_ = kInitialProbes;  // learned before (drafts verified or blocks trimmed): no cold-start probes
     }
 }
 

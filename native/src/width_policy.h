@@ -18,6 +18,17 @@
 // width beats plain decoding, a probe step (the best w >= 1) runs now and then, at first after the
 // first plain steps, then at a period that doubles each time a probe confirms "off".
 //
+// Under auto, a greedy drafted block is then cut to the prefix worth verifying (trim): the
+// drafter's own confidence in each pick, calibrated online against what verification accepted,
+// gives the chance q_j that drafts 1..j all pass; draft j is verified when that chance pays for its
+// row at plain decoding's rate (k maximizing sum_{j<=k} q_j - (T(R + k) - T(R)) * n / T(n)). For
+// such sequences the estimates above take, per width, the trimmed blocks' mean kept and mean
+// accepted drafts in place of k_s and E_s - 1 once 4 blocks were trimmed; before
+// that, draft j counts as verified at the rate the trim kept it (S_j), a_j as measured on the
+// drafts that were verified:
+//
+//     E(w) = sum_s (1 + sum_{i<=k_s} S_i prod_{j<=i} a_{s,j}),   rows: sum_s (1 + sum_{i<=k_s} S_i)
+//
 // A drafter file may carry a measured acceptance profile (per-position rates on held-out prompts,
 // `pydflash drafter-profile`). It replaces the blind prior, and with the drafter's block time
 // measured once at load (seed_draft) and a cheap-verification model of the target's c(k) from its
@@ -49,6 +60,7 @@ public:
     struct Candidate {
         int32_t cap;                      // most drafts this sequence may verify now
         const AcceptanceCounts * counts;  // the sequence's own counts
+        bool trimmed = false;             // its blocks are trimmed (greedy, the drafter's confidence known)
     };
     // The width of the next step, and whether it is a probe.
     int32_t choose(const std::vector<Candidate> & seqs, bool * probe);
@@ -64,6 +76,16 @@ public:
     void observe_target(int32_t rows, double t_target_ms);
     // A step with prefill rows ran: the next decode steps are warming up (not recorded).
     void observe_prefill();
+    // How many of a greedy block's k drafts to verify (0..k), from the drafter's confidence in each
+    // pick; `rows` target rows are in the step already (this sequence's own first row included).
+    int32_t trim(const std::vector<float> & confidence, int32_t k, int32_t rows, int32_t n_seqs) const;
+    // A block of `drafted` drafts (its width) of which the first `kept` were verified, `accepted`
+    // of those accepted; confidence: the drafter's per pick (calibration), empty for blocks that
+    // were not trimmed (survival only).
+    void observe_trim(const std::vector<float> & confidence, int32_t drafted, int32_t kept, int32_t accepted);
+    // Calibrated chance that a pick the drafter gave this confidence is accepted (its earlier ones were).
+    double calibrated(float confidence) const;
+
     // One drafter block of width w (w + 1 slots), for one sequence, without its injection.
     void observe_draft(int32_t width, double t_ms);
     // The injection before one block: the features of the n_rows rows the sequence committed since
@@ -105,18 +127,30 @@ private:
                       int32_t width, bool priced = false) const;
     double priced_target_ms(int32_t rows) const;
     double modelled_ms(int32_t rows, int32_t min_samples) const;
+    double fractional_ms(double rows, bool priced) const;  // target_ms between whole row counts
+    double survival(int32_t j) const;                      // S_j: draft j of a block kept by the trim
+    // a trimmed block of width w: mean kept and accepted drafts (the nearest measured width;
+    // false before kTrimTrusted blocks were trimmed)
+    bool trimmed_block(int32_t width, double * kept, double * accepted) const;
+    bool realized_loses() const;
+    void close_episode();
 
     int32_t max_width_, max_rows_;
     std::vector<double> t_rows_;   // running mean ms per row count (index = rows; 0 = unknown)
     std::vector<int32_t> n_rows_;  // samples behind each mean
     std::vector<double> t_draft_;  // per width (index = width)
     std::vector<int32_t> n_draft_;
-    bool realized_loses() const;
     double real_tokens_[2] = {0.0, 0.0}, real_ms_[2] = {0.0, 0.0};  // decayed sums: [0] plain, [1] drafted
     int32_t real_n_[2] = {0, 0};
     int32_t episode_ = -1;           // the open episode's kind (-1: none), its tokens and time
     double episode_tokens_ = 0.0, episode_ms_ = 0.0;
-    void close_episode();
+    // trim: acceptance by confidence bin (decaying counts) and, per position j, blocks that drafted
+    // j having kept j - 1, and of those the ones that kept j
+    static constexpr int32_t kConfBins = 10;
+    double cal_offered_[kConfBins] = {}, cal_accepted_[kConfBins] = {};
+    double surv_drafted_[16] = {}, surv_kept_[16] = {};
+    double trim_blocks_[16] = {}, trim_block_kept_[16] = {}, trim_block_accepted_[16] = {};  // per width: decayed sums
+    bool trimming_ = false;        // the last choose() had sequences whose blocks are trimmed
     double t_inject_ = 0.0;        // running mean ms of the injection before a block
     int32_t n_inject_ = 0;
     AcceptanceCounts global_;

@@ -45,6 +45,7 @@ class Stats:
     n_cached: int = 0  # prompt tokens whose KV was reused from the slot (cache_prompt)
     n_lookup_drafted: int = 0  # of n_drafted: proposed from the sequence's own history (lookup)
     n_lookup_accepted: int = 0  # of n_accepted: such tokens accepted
+    n_trimmed: int = 0  # drafter drafts not verified (auto's trim by the drafter's confidence, or p_min)
 
     @property
     def tokens_per_second(self) -> float:
@@ -76,6 +77,7 @@ class Stats:
             n_cached=st.n_cached,
             n_lookup_drafted=st.n_lookup_drafted,
             n_lookup_accepted=st.n_lookup_accepted,
+            n_trimmed=st.n_trimmed,
         )
 
 

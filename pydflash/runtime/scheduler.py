@@ -56,7 +56,8 @@ class SlotInfo:
 
 
 _SLOT_STATES = {0: "idle", 1: "prefill", 2: "decode"}
-_TUNING_FIELDS = ("t_rows_ms", "t_draft_ms", "offered", "accepted")
+_TUNING_FIELDS = ("t_rows_ms", "t_draft_ms", "offered", "accepted", "trim_offered", "trim_accepted", "trim_drafted",
+                  "trim_kept", "trim_blocks", "trim_block_kept", "trim_block_accepted")
 
 
 class Scheduler:

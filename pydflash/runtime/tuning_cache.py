@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ..fetch import registry as models
 
-_VERSION = 2  # the scheduler's dflash_tuning layout
+_VERSION = 3  # the scheduler's dflash_tuning layout (3: the trim's calibration and survival)
 
 
 def enabled() -> bool:
