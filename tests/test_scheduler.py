@@ -255,8 +255,11 @@ def test_callback_exception_stops_only_its_sequence(engine, smollm2, plain_of):
 
 def test_tuning_round_trip_and_validation(engine):
     state = engine.scheduler.tuning()
-    assert set(state) == {"t_rows_ms", "t_draft_ms", "offered", "accepted"}
+    assert set(state) == {"t_rows_ms", "t_draft_ms", "offered", "accepted", "trim_offered", "trim_accepted",
+                          "trim_drafted", "trim_kept", "trim_blocks", "trim_block_kept", "trim_block_accepted"}
     engine.scheduler.set_tuning(state)
+    with pytest.raises(pydflash.InvalidArgumentError):
+        engine.scheduler.set_tuning({"trim_blocks": [1.0] * 17})
     with pytest.raises(pydflash.InvalidArgumentError):
         engine.scheduler.set_tuning({"t_rows_ms": ["x"]})
     with pytest.raises(pydflash.InvalidArgumentError):
