@@ -331,6 +331,48 @@ def test_feature_encoding_keeps_outliers():
         assert np.isinf(np.float32(3.0e5).astype(np.float16))  # what plain float16 would have stored
 
 
+def test_cached_features_are_memory_mapped_and_equal_what_numpy_reads(tmp_path):
+    # the trainer keeps every sequence's features encoded; mapped from the shard files, a cache
+    # larger than RAM trains (4.3 M tokens of SmolLM2 taps are 20 GB; the machines have 24 GiB)
+    import mmap
+    import zipfile
+
+    rng = np.random.default_rng(1)
+    cache = FeatureCache(tmp_path / "cache", tap_layers=[1, 2])
+    for shard in range(2):
+        seqs = []
+        for i in range(3):
+            n = int(rng.integers(3, 9))
+            feats = rng.standard_normal((n, 2, 16)).astype(np.float32) * 10.0 ** rng.integers(-3, 4)
+            seqs.append(CapturedSequence(f"s{shard}/{i}", rng.integers(0, 100, n).astype(np.int32), 2, feats,
+                                         rng.integers(0, 100, n).astype(np.int32)))
+        cache.append(seqs)
+    # a shard written compressed (not what append writes) is read, not mapped
+    first = tmp_path / "cache" / cache.meta["shards"][0]["file"]
+    with np.load(first) as z:
+        arrays = {k: z[k] for k in z.files}
+    np.savez_compressed(first, **arrays)
+    assert zipfile.ZipFile(first).getinfo("values.npy").compress_type == zipfile.ZIP_DEFLATED
+
+    got = FeatureCache(tmp_path / "cache").sequences(decode=False)
+    offset = 0
+    for shard in cache.meta["shards"]:
+        with np.load(tmp_path / "cache" / shard["file"]) as z:
+            lengths, values, scales = z["lengths"], z["values"], z["scales"]
+        starts = np.concatenate([[0], np.cumsum(lengths)])
+        for i, sid in enumerate(shard["ids"]):
+            seq = got[offset + i]
+            assert seq.id == sid
+            v, s = seq.features
+            np.testing.assert_array_equal(v, values[starts[i]:starts[i + 1]])
+            np.testing.assert_array_equal(s, scales[starts[i]:starts[i + 1]])
+            mapped = isinstance(v.base, mmap.mmap) or isinstance(getattr(v.base, "base", None), mmap.mmap)
+            assert mapped == (shard is not cache.meta["shards"][0])
+        offset += len(shard["ids"])
+    decoded = FeatureCache(tmp_path / "cache").sequences()
+    np.testing.assert_array_equal(decoded[4].features, decode_features(*got[4].features))
+
+
 PROMPTS = [TrainPrompt("p/0", text="def add(a, b):\n    \"\"\"Return a + b.\"\"\"\n"),
            TrainPrompt("p/1", text="The capital of France is")]
 TAPS = [1, 10, 19, 28]

@@ -126,6 +126,38 @@ def capture_continuations(target, jobs: Iterable[Continuation], tap_layers: Sequ
         sched.close()
 
 
+def _map_npz(path: Path, names: Sequence[str]) -> tuple[np.ndarray, ...] | None:
+    """Read-only arrays over the members ``names`` of an uncompressed ``.npz`` (what ``np.savez``
+    writes: a zip of stored ``.npy`` files), mapped from the file instead of read; None when a
+    member is compressed or not a plain array, so the caller reads it."""
+    import mmap
+    import zipfile
+
+    with open(path, "rb") as f:
+        with zipfile.ZipFile(f) as zf:
+            infos = [zf.getinfo(f"{n}.npy") for n in names]
+        if any(i.compress_type != zipfile.ZIP_STORED for i in infos):
+            return None
+        arrays = []
+        for info in infos:
+            f.seek(info.header_offset)
+            local = f.read(30)  # the local file header: name and extra field lengths at 26 and 28
+            if local[:4] != b"PK\x03\x04":
+                return None
+            start = info.header_offset + 30 + int.from_bytes(local[26:28], "little") + int.from_bytes(local[28:30], "little")
+            f.seek(start)
+            version = np.lib.format.read_magic(f)
+            if version not in ((1, 0), (2, 0)):
+                return None
+            read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+            shape, fortran, dtype = read_header(f)
+            if dtype.hasobject or fortran:
+                return None
+            arrays.append((shape, dtype, f.tell()))
+        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)  # one mapping per shard, shared by its arrays
+    return tuple(np.ndarray(shape, dtype=dtype, buffer=mm, offset=off) for shape, dtype, off in arrays)
+
+
 class FeatureCache:
     """A directory of captured sequences: ``meta.json`` plus one ``.npz`` shard per sequence group.
 
@@ -189,12 +221,15 @@ class FeatureCache:
 
     def sequences(self, *, decode: bool = True) -> list[CapturedSequence]:
         """Every cached sequence (features decoded to float32 unless ``decode=False``,
-        then ``features`` is the (values, scales) pair)."""
+        then ``features`` is the (values, scales) pair, memory-mapped from the shard files: a cache
+        larger than RAM trains, each batch reading only its sequences' rows)."""
         out = []
         for shard in self.meta["shards"]:
-            with np.load(self.dir / shard["file"]) as z:
+            path = self.dir / shard["file"]
+            with np.load(path) as z:
                 tokens, labels, lengths, plens = z["tokens"], z["labels"], z["lengths"], z["prompt_lens"]
-                values, scales = z["values"], z["scales"]
+                mapped = None if decode else _map_npz(path, ("values", "scales"))
+                values, scales = mapped if mapped is not None else (z["values"], z["scales"])
             offsets = np.concatenate([[0], np.cumsum(lengths)])
             for i, sid in enumerate(shard["ids"]):
                 a, b = int(offsets[i]), int(offsets[i + 1])
