@@ -179,8 +179,7 @@ def test_auto_verifies_only_the_part_of_a_block_its_confidence_pays_for(smollm2_
         runs = [engine.generate(tokens, max_tokens=64, temperature=0, ignore_eos=True) for _ in range(2)]
         for r in runs:
             _tie_aware_equal(engine.target, tokens, want, r.tokens)
-    assert sum(r.stats.n_drafted for r in runs) > 0
-    assert sum(r.stats.n_trimmed for r in runs) > 0
+    assert sum(r.stats.n_trimmed for r in runs) > 0  # (a block may be cut to nothing: n_drafted 0)
     with Engine(smollm2_path, "auto", n_ctx=512, n_threads=2, lookup=0, n_max=7) as fixed:
         r7 = fixed.generate(tokens, max_tokens=64, temperature=0, ignore_eos=True)
         _tie_aware_equal(fixed.target, tokens, want, r7.tokens)
