@@ -1,6 +1,6 @@
 """Per-step trace of one generation, defaults (shipped drafter, auto) vs the history alone, each in a
 fresh process: python trace.py IDX,IDX REPEATS OUT.json (HumanEval 132 + IDX, up to 128 tokens, greedy)."""
-import json, subprocess, sys
+import json, sys
 
 def worker(mode, idx):
     from pydflash import Engine
@@ -25,13 +25,5 @@ def worker(mode, idx):
 if __name__ == "__main__":
     if sys.argv[1] == "w":
         worker(sys.argv[2], int(sys.argv[3])); sys.exit()
-    idxs = [int(x) for x in sys.argv[1].split(",")]; reps = int(sys.argv[2]); rows = []
-    for rep in range(reps):
-        for i in idxs:
-            for m in (["auto", "history"] if (i + rep) % 2 == 0 else ["history", "auto"]):
-                out = subprocess.run([sys.executable, __file__, "w", m, str(i)], capture_output=True, text=True, cwd="/tmp")
-                line = [l for l in out.stdout.splitlines() if l.startswith("{")]
-                if not line:
-                    print(out.stderr[-2000:]); continue
-                d = json.loads(line[-1]); d["rep"] = rep; rows.append(d)
-    json.dump(rows, open(sys.argv[3], "w"))
+    from diag import alternate  # the same runner, this folder's diag.py
+    alternate(__file__, [int(x) for x in sys.argv[1].split(",")], int(sys.argv[2]), sys.argv[3], echo=False)

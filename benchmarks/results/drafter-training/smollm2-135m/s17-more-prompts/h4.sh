@@ -21,4 +21,5 @@ json.dump(meta, open(os.path.join(dst, "meta.json"), "w"))
 print(f"{dst}: {len(meta['shards'])} shards, {sum(len(s['ids']) for s in meta['shards'])} sequences, "
       f"{sum(s['n_tokens'] for s in meta['shards'])} tokens")
 PY
-RUN=$RUN EXTRA_ARGS="--repeat-keep ${REPEAT_KEEP:-0.25} --repeat-ngram 16" exec bash "$(dirname "$0")/../s15-new-prompts/h2.sh"
+# MORE_ARGS (since session 23): further trainer options, after these (a later --lr wins)
+RUN=$RUN EXTRA_ARGS="--repeat-keep ${REPEAT_KEEP:-0.25} --repeat-ngram 16 ${MORE_ARGS:-}" exec bash "$(dirname "$0")/../s15-new-prompts/h2.sh"
