@@ -791,7 +791,9 @@ def test_shipped_drafter_auto_busy_server_equals_plain_decoding(target_path, pla
         _assert_same_greedy(plain, tokens, ref.tokens, out["tokens"], what=p)
     widths = {k: v for k, v in metrics.items() if k.startswith("pydflash:draft_width_steps_total")}
     assert widths and sum(widths.values()) <= metrics["pydflash:steps_total"]
-    assert metrics["llamacpp:spec_decode_num_draft_tokens_total"] > 0  # cold start: auto probed the drafter
+    # cold start: auto probed the drafter. How many of the probed blocks' drafts were then verified is
+    # the trim's call: blind, against this F16 target, it kept 1 draft in most runs and none in some
+    assert metrics["pydflash:probe_steps_total"] > 0
     assert metrics["pydflash:requests_total"] == len(prompts)  # the warm-up is not a request
 
 
