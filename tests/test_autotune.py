@@ -115,11 +115,14 @@ def test_engine_auto_turns_a_losing_drafter_off(smollm2_path, random_drafter, mo
             widths.append(engine.last_widths)
         stream_text = "".join(engine.stream(prompts[0], max_tokens=24, temperature=0))
         learned = engine.tuning()
-    # the first generation probes (a few steps drafted), then plain steps with a rare re-probe
-    # (at most one in the 48 steps of the next two generations)
+    # the first generation probes (a few steps drafted), then plain steps with a rare re-probe.
+    # The re-probe period is priced from measured step times (16 steps at the shortest, doubling
+    # after each losing probe), so where a re-probe falls is timing-dependent (a CI run once saw
+    # one in the second generation): bound the count over the next 48 steps, not their places.
     assert 0 < runs[0].stats.n_drafted <= 6 and sum(w for k, w in widths[0].items() if k > 0) <= 3
-    assert runs[1].stats.n_drafted == 0 and set(widths[1]) == {0}
-    assert sum(n for w, n in widths[2].items() if w > 0) <= 1
+    later_probes = sum(n for wd in widths[1:] for w, n in wd.items() if w > 0)
+    assert later_probes <= 2, widths
+    assert sum(r.stats.n_drafted for r in runs[1:]) <= 2 * 3  # block size 4: at most 3 drafts a probe
     assert [r.tokens for r in runs] == want
     assert stream_text == runs[0].text
     # costs were measured in the loop: one row (plain) and the probe's rows
