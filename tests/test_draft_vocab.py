@@ -151,8 +151,7 @@ def test_loader_refuses_bad_d2t(drafters, smollm2_path, tmp_path):
             Drafter(bad, smollm2_path, n_ctx=32)
     no_head = tmp_path / "no-head.gguf"
     _with_d2t(reduced, no_head, None, drop_head=True)
-    with pytest.raises(pydflash.ModelFormatError, match="no output.weight"):
-        Drafter(no_head, smollm2_path, n_ctx=32)
+    Drafter(no_head, smollm2_path, n_ctx=32).close()  # loads: the head rows come from the target
     wrong_rows = tmp_path / "wrong-rows.gguf"
     _with_d2t(reduced, wrong_rows, ids[:-1])
     with pytest.raises(pydflash.ModelFormatError, match="output.weight"):
@@ -188,6 +187,28 @@ def test_logits_are_the_full_head_restricted(kind, drafters, smollm2_path, kern)
         err = nmse(got["reduced"][1], got["full"][1][:, ids])
         print(f"restricted vs full head, default kernels: logits NMSE {err:.2e}")
         assert err <= 1e-6
+
+
+@pytest.mark.parametrize("kern", KERNELS)
+def test_a_drafter_without_its_head_rows_takes_the_same_rows_from_the_target(drafters, smollm2_path, tmp_path, kern):
+    """d2t without output.weight (--head-from-target): the engine gathers the target head's rows
+    at d2t at load time, the bytes write_reduced_drafter stores, so the logits are bit for bit
+    those of the file that stores them."""
+    full, reduced, _, ids = drafters["dflash2"]
+    slim = write_reduced_drafter(full, tmp_path / "slim.gguf", smollm2_path, ids, store_head=False)
+    assert "output.weight" not in read_gguf_header(slim).tensors
+    assert slim.stat().st_size < reduced.stat().st_size
+    feats = random_context(30, seed=5)
+    got = {}
+    for name, path in (("stored", reduced), ("from target", slim)):
+        with kernels_for(kern):
+            d = Drafter(path, smollm2_path, n_ctx=64, n_threads=1)
+        with d:
+            assert d.draft_vocab.tolist() == ids.tolist()
+            d.inject(feats, np.arange(30))
+            got[name] = d.forward(777, 30)
+    np.testing.assert_array_equal(got["from target"][0], got["stored"][0])
+    np.testing.assert_array_equal(got["from target"][1], got["stored"][1])
 
 
 @pytest.mark.parametrize("kind", ["dflash2", "dflash"])

@@ -439,3 +439,63 @@ def test_export_convert_load_matches_the_torch_model(small_cache, smollm2_path, 
     want = ref.propose(want_h, masked, int(seq.tokens[s]))
     assert set(want.tokens.tolist()) <= set(ids.tolist())
     assert prop.tokens.tolist() == want.tokens.tolist()
+
+
+def test_a_narrower_ffn_starts_from_the_target_s_strongest_neurons_and_loads_natively(small_cache, smollm2_path,
+                                                                                       tmp_path):
+    """--ffn: the drafter layer's SwiGLU keeps the target last layer's neurons with the largest
+    |gate| * |up| * |down| norms (reference: gguf-py's own dequantizer), and the narrower drafter
+    exports, converts and loads in the engine like any other (float64 reference forward)."""
+    from gguf import GGUFReader
+    from gguf.quants import dequantize
+
+    from pydflash.formats.convert import read_gguf_header
+    from pydflash.train.init import init_from_target, target_facts
+    from pydflash.train.pipeline import build_config
+
+    facts = target_facts(smollm2_path)
+    with pytest.raises(ValueError, match="--ffn"):
+        build_config(facts, ffn=facts["intermediate_size"] + 1)
+    cfg = build_config(facts, layers=1, taps=TAPS, ffn=512)
+    model = DFlashDrafter(cfg)
+    notes = init_from_target(model, smollm2_path)
+    last = facts["num_layers"] - 1
+    assert f"layers.0.mlp <- blk.{last}.ffn_* (512 of {facts['intermediate_size']} neurons)" in notes
+
+    tensors = {t.name: t for t in GGUFReader(smollm2_path).tensors}
+    def weight(name):  # [rows, cols] as torch stores a Linear weight
+        t = tensors[f"blk.{last}.{name}.weight"]
+        return dequantize(t.data, t.tensor_type).reshape(int(t.shape[1]), int(t.shape[0])).astype(np.float64)
+    gate, up, down = weight("ffn_gate"), weight("ffn_up"), weight("ffn_down")
+    score = np.linalg.norm(gate, axis=1) * np.linalg.norm(up, axis=1) * np.linalg.norm(down, axis=0)
+    keep = np.sort(np.argsort(-score, kind="stable")[:512])
+    mlp = model.layers[0].mlp
+    np.testing.assert_allclose(mlp.gate_proj.weight.detach().numpy(), gate[keep], rtol=0, atol=1e-6)
+    np.testing.assert_allclose(mlp.up_proj.weight.detach().numpy(), up[keep], rtol=0, atol=1e-6)
+    np.testing.assert_allclose(mlp.down_proj.weight.detach().numpy(), down[:, keep], rtol=0, atol=1e-6)
+
+    # exported without the target's tokenizer (--no-tokenizer): the engine pairs it on tensor shapes
+    files = export(model, tmp_path / "out", str(smollm2_path), name="narrow", quant=(), outtype="f32", tokenizer=False)
+    kv = read_gguf_header(files[0]).kv
+    assert not any(k.startswith("tokenizer.") for k in kv if k != "tokenizer.ggml.mask_token_id")
+    assert kv["tokenizer.ggml.mask_token_id"].value == cfg.mask_token_id
+    ref = DFlashDrafter(cfg).double()
+    ref.load_state_dict(model.state_dict())
+    seq = small_cache.sequences()[0]
+    feats = seq.features.reshape(len(seq.tokens), -1)
+    s = len(seq.tokens) - 3
+    with Drafter(files[0], smollm2_path, n_ctx=128, n_threads=1, exact_head=True) as d:
+        d.inject(feats[:s], np.arange(s))
+        hidden, logits = d.forward(int(seq.tokens[s]), s)
+    want_h, want_z = ref.forward_block(feats[:s].astype(np.float64), np.arange(s), [int(seq.tokens[s])] + [0] * 7, s,
+                                       TargetWeights.from_gguf(smollm2_path).to(torch.float64))
+    nmse = lambda a, b: float(((a - b.numpy()) ** 2).sum() / (b.numpy() ** 2).sum())  # noqa: E731
+    assert nmse(hidden, want_h) < 1e-8 and nmse(logits, want_z) < 1e-8
+
+
+def test_pydflash_train_refuses_an_ffn_wider_than_the_target_s(smollm2_path, tmp_path, capsys):
+    from pydflash.train.pipeline import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["--target", str(smollm2_path), "--out", str(tmp_path / "run"), "--ffn", "99999", "--export-only"])
+    assert exit_.value.code == 2 and "--ffn 99999 outside 1..1536" in capsys.readouterr().err

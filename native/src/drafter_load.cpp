@@ -52,6 +52,10 @@ struct DrafterLoader {
         int64_t index;            // gguf tensor index
     };
     std::vector<Planned> planned;
+    // The target's head (read-only metadata) and, for a d2t drafter that ships no head rows, the
+    // tensor those rows are gathered into once the target is mapped (gather_draft_head).
+    const ggml_tensor * target_head = nullptr;
+    ggml_tensor *       head_from_target = nullptr;
 
     DrafterLoader(Drafter & d, const char * path) : d(d), path(path), file(open_gguf(path, "drafter")) {
         meta = GgufMeta{file.gguf.get(), path};
@@ -267,6 +271,9 @@ struct DrafterLoader {
     // Reduced draft vocabulary (upstream's layout): `d2t` I64 [N] holds the absolute target id of
     // every draft row and `output.weight` [H, N] is the drafter's own head over those rows.
     // Without d2t the drafter uses the target's head and a shipped output.weight is ignored.
+    // A d2t drafter without output.weight takes those rows of the target's head at load time
+    // (the same bytes `pydflash draft-vocab` would store: a shipped file 7.8 MB smaller for
+    // Qwen2.5's Q8_0 head at N = 8192).
     void declare_draft_vocab() {
         DrafterHparams & hp = d.hp_;
         const ggml_tensor * map = ggml_get_tensor(file.meta.get(), "d2t");
@@ -278,10 +285,17 @@ struct DrafterLoader {
                  hp.n_vocab, ggml_type_name(map->type), shape_str(map).c_str());
         }
         const int64_t N = map->ne[0];
-        if (!ggml_get_tensor(file.meta.get(), "output.weight")) {
-            fail(DFLASH_ERR_FORMAT, "'%s' has a d2t draft vocabulary but no output.weight (its draft head)", path);
+        if (ggml_get_tensor(file.meta.get(), "output.weight")) {
+            d.w_.output_draft = tensor("output.weight", {hp.n_embd, N});
+        } else {
+            if (!target_head) {
+                fail(DFLASH_ERR_FORMAT, "'%s' has a d2t draft vocabulary but no output.weight (its draft head)", path);
+            }
+            const int64_t ne[2] = {hp.n_embd, N};
+            head_from_target = ggml_new_tensor(d.ctx_weights_.get(), target_head->type, 2, ne);
+            ggml_set_name(head_from_target, "output.weight (target rows at d2t)");
+            d.w_.output_draft = head_from_target;
         }
-        d.w_.output_draft = tensor("output.weight", {hp.n_embd, N});
         used.insert("d2t");
 
         std::vector<int64_t> ids(static_cast<size_t>(N));
@@ -489,6 +503,7 @@ std::unique_ptr<Drafter> Drafter::load(const char * path, const char * target_pa
         }
     }
 
+    loader.target_head = t_out;
     loader.declare_tensors();
     if (hp.is_dflash2()) {
         for (const ggml_tensor * cb : {d->w_.selector_predecessor, d->w_.selector_successor}) {
@@ -522,6 +537,15 @@ std::unique_ptr<Drafter> Drafter::load(const char * path, const char * target_pa
         ggml_backend_buffer_set_usage(d->buf_target_.get(), GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
         d->w_.tok_embd = borrow(t_embd);
         d->w_.output = t_out == t_embd ? d->w_.tok_embd : borrow(t_out);
+    }
+    if (loader.head_from_target) {  // the target head's rows at d2t, byte for byte, in its own type
+        const size_t row = ggml_row_size(t_out->type, t_out->ne[0]);
+        const auto * head = static_cast<const uint8_t *>(d->w_.output->data);  // in the target's mapping
+        std::vector<uint8_t> rows(row * d->d2t_.size());
+        for (size_t i = 0; i < d->d2t_.size(); ++i) {
+            std::memcpy(rows.data() + i * row, head + size_t(d->d2t_[i]) * row, row);
+        }
+        ggml_backend_tensor_set(loader.head_from_target, rows.data(), 0, rows.size());
     }
     // A device drafter multiplies by the head on the device: a head in host memory would pull
     // the block's hidden states back to the CPU for the biggest mat-mul of the block. The exact

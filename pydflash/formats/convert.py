@@ -500,6 +500,7 @@ def convert(
     outtype: str = "f16",
     progress: bool | None = None,
     name: str | None = None,
+    tokenizer: bool = True,
 ) -> Path:
     """Convert the HF DFlash / DFlash2 checkpoint in ``model_dir`` to a ``dflash`` GGUF at ``outfile``.
 
@@ -512,6 +513,9 @@ def convert(
         outtype: ``f32``, ``f16``, ``bf16`` or ``q8_0`` for the weight matrices.
         progress: progress bar on stderr (default: only when stderr is a terminal).
         name: ``general.name`` of the drafter (default: the checkpoint directory's name).
+        tokenizer: copy the target's ``tokenizer.*`` keys. Tools that load the drafter as a
+            llama.cpp model need them; pydflash does not (it pairs drafter and target on their
+            tensor shapes), so a shipped file may leave them out: 6 MB for Qwen2.5's 151,936 tokens.
     Returns:
         The output path.
     Raises:
@@ -536,7 +540,7 @@ def convert(
     metadata += [
         KV(Keys.FILE_TYPE, int(file_type(out)), GGUFValueType.UINT32),
         KV(Keys.QUANTIZATION_VERSION, GGML_QUANT_VERSION, GGUFValueType.UINT32),
-        *target.tokenizer,
+        *(target.tokenizer if tokenizer else ()),
         KV(Keys.MASK_TOKEN_ID, config.mask_token_id, GGUFValueType.UINT32),
     ]
     _check_storable(metadata)

@@ -38,6 +38,9 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
                           "hf:ORG/NAME[:QUANT])")
     src.add_argument("--target-model-dir", type=Path,
                      help="target HF directory (config.json + byte-level BPE tokenizer.json; best effort)")
+    p.add_argument("--no-tokenizer", action="store_true",
+                   help="leave the target's tokenizer out (pydflash pairs drafter and target on tensor shapes; "
+                        "tools loading the drafter as a llama.cpp model need it)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.add_argument("-v", "--verbose", action="store_true", help="log details")
     return p
@@ -71,7 +74,7 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
         outfile = args.outfile or Path(f"{name or model_dir.resolve().name}-{args.outtype}.gguf")
         path = convert(model_dir, outfile, target_gguf=target_gguf,
                        target_model_dir=args.target_model_dir, outtype=args.outtype,
-                       progress=False if args.quiet else None, name=name)
+                       progress=False if args.quiet else None, name=name, tokenizer=not args.no_tokenizer)
     except (ValueError, FileNotFoundError, errors.PydflashError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

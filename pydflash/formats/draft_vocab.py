@@ -13,7 +13,10 @@ GGUF layout (upstream llama.cpp's, so ``dflash`` / ``eagle3`` loaders that know 
 - ``d2t``: I64 ``[N]``, the absolute target token id of every draft row, written ascending (so a
   draft-id tie-break is the target-id tie-break);
 - ``output.weight``: ``[H, N]`` ggml shape, row i = the target head's row ``d2t[i]``, in the
-  target head's own storage type (raw bytes copied: GET_ROWS of the quantized rows).
+  target head's own storage type (raw bytes copied: GET_ROWS of the quantized rows). Optional
+  for pydflash (``store_head=False``, ``--head-from-target``): without it the engine gathers the
+  same rows from the target's head at load time, so a shipped file is that much smaller (7.8 MB
+  for Qwen2.5's Q8_0 head at N = 8192); loaders that know only upstream's layout need it.
 
 Everything else is copied unchanged (the selector codebooks stay full-vocabulary). Files without
 ``d2t`` are not touched by any of this.
@@ -152,12 +155,14 @@ def _full_drafter_header(path: str | os.PathLike):  # type: ignore[no-untyped-de
 
 
 def write_reduced_drafter(drafter_in: str | os.PathLike, out: str | os.PathLike, target_gguf: str | os.PathLike,
-                          ids: Sequence[int] | np.ndarray, *, extra_metadata: dict[str, float | str] | None = None) -> Path:
+                          ids: Sequence[int] | np.ndarray, *, extra_metadata: dict[str, float | str] | None = None,
+                          store_head: bool = True) -> Path:
     """Copy ``drafter_in`` to ``out`` with a draft head over ``ids`` (target token ids).
 
     ``output.weight`` gets the target head's rows at ``ids`` in its own storage type and ``d2t``
     the ids themselves (I64, ascending). The input must be a full-vocabulary drafter (no ``d2t``);
     a shipped full-vocabulary ``output.weight`` (which our engine ignores) is replaced.
+    ``store_head=False`` writes ``d2t`` only: the engine takes the rows from the target at load.
     """
     src, tgt = _full_drafter_header(drafter_in), read_gguf_header(target_gguf)
     head = tgt.tensors.get(HEAD) or tgt.tensors.get("token_embd.weight")
@@ -181,9 +186,9 @@ def write_reduced_drafter(drafter_in: str | os.PathLike, out: str | os.PathLike,
     del tgt_map
     extra = [(key, value, GGUFValueType.FLOAT32 if isinstance(value, float) else GGUFValueType.STRING)
              for key, value in (extra_metadata or {}).items()]
+    head_rows = [(HEAD, (int(d2t.size), n_embd), np.float32, head.type, rows)] if store_head else []
     return rewrite_gguf(src, out, add_kv=extra, drop_tensors=(HEAD,), add_tensors=[
-        (HEAD, (int(d2t.size), n_embd), np.float32, head.type, rows),
-        (D2T, (int(d2t.size),), np.int64, GGMLQuantizationType.I64, d2t)])
+        *head_rows, (D2T, (int(d2t.size),), np.int64, GGMLQuantizationType.I64, d2t)])
 
 
 # --- CLI -----------------------------------------------------------------------------------
@@ -206,6 +211,9 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
                    help="vocabulary sizes to report the coverage of")
     p.add_argument("--n-ctx", type=int, default=4096)
     p.add_argument("-t", "--threads", type=int, default=None)
+    p.add_argument("--head-from-target", action="store_true",
+                   help="store d2t only: the engine takes the head rows from the target at load time (a smaller "
+                        "file; loaders that know only upstream's layout need the rows)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     return p
 
@@ -239,7 +247,8 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
             write_reduced_drafter(args.drafter, args.out, target_path, ids, extra_metadata={
                 "pydflash.draft_vocab.coverage": float(cover[args.n]),
                 "pydflash.draft_vocab.calibration": f"{args.prompts} ({counts.n_prompts} prompts, "
-                                                    f"{counts.n_output} greedy tokens)"})
+                                                    f"{counts.n_output} greedy tokens)"},
+                store_head=not args.head_from_target)
             report["out"] = str(args.out)
     except (ValueError, FileNotFoundError, OSError) as exc:
         print(f"pydflash: error: {exc}", file=sys.stderr)

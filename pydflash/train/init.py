@@ -1,7 +1,9 @@
 """Starting weights for a new drafter, taken from the target GGUF where shapes allow.
 
 * every drafter layer starts as a copy of one of the target's last layers (attention, SwiGLU,
-  both norms) when the head counts, head size and FFN width match; q/k norms start at 1;
+  both norms) when the head counts and head size match; q/k norms start at 1; a drafter FFN
+  narrower than the target's keeps the neurons with the largest ``|gate| * |up| * |down|`` norms
+  (a pruned copy: the layer's output changes least without its weakest neurons);
 * ``fc`` starts as the identity on the last tap (so the fused context ``g`` is the normed hidden
   state of the deepest tapped layer, i.e. what the copied layer normally reads) plus small noise
   on the other taps; ``hidden_norm`` starts as that layer's input norm;
@@ -70,6 +72,14 @@ def _unpermute_rope_rows(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, d // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
+def _strongest_neurons(gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor, n: int) -> torch.Tensor:
+    """Indices (ascending) of the ``n`` SwiGLU neurons with the largest weight-norm product."""
+    if n >= gate.shape[0]:
+        return torch.arange(gate.shape[0])
+    score = gate.float().norm(dim=1) * up.float().norm(dim=1) * down.float().norm(dim=0)
+    return torch.sort(torch.topk(score, n).indices).values
+
+
 def init_from_target(model: DFlashDrafter, target_gguf: str | os.PathLike, *, seed: int = 0) -> list[str]:
     """Overwrite ``model``'s weights in place (see module docstring); returns what was copied."""
     cfg: DFlashConfig = model.config
@@ -90,7 +100,7 @@ def init_from_target(model: DFlashDrafter, target_gguf: str | os.PathLike, *, se
         model.set_identity_convs()
         same_attn = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim) == (
             facts["num_heads"], facts["num_kv_heads"], facts["head_dim"])
-        same_ffn = cfg.intermediate_size == facts["intermediate_size"]
+        narrower_ffn = cfg.intermediate_size <= facts["intermediate_size"]
         n_t = facts["num_layers"]
         for i, layer in enumerate(model.layers):
             src = n_t - cfg.num_hidden_layers + i  # the target's last layers, in order
@@ -110,11 +120,15 @@ def init_from_target(model: DFlashDrafter, target_gguf: str | os.PathLike, *, se
                 attn.q_norm.weight.fill_(1.0)
                 attn.k_norm.weight.fill_(1.0)
                 copied.append(f"layers.{i}.self_attn <- {blk}attn_*")
-            if same_ffn:
-                layer.mlp.gate_proj.weight.copy_(tensor(blk + "ffn_gate.weight"))
-                layer.mlp.up_proj.weight.copy_(tensor(blk + "ffn_up.weight"))
-                layer.mlp.down_proj.weight.copy_(tensor(blk + "ffn_down.weight"))
-                copied.append(f"layers.{i}.mlp <- {blk}ffn_*")
+            if narrower_ffn:
+                gate, up = tensor(blk + "ffn_gate.weight"), tensor(blk + "ffn_up.weight")
+                down = tensor(blk + "ffn_down.weight")
+                keep = _strongest_neurons(gate, up, down, cfg.intermediate_size)
+                layer.mlp.gate_proj.weight.copy_(gate[keep])
+                layer.mlp.up_proj.weight.copy_(up[keep])
+                layer.mlp.down_proj.weight.copy_(down[:, keep])
+                pruned = "" if len(keep) == gate.shape[0] else f" ({len(keep)} of {gate.shape[0]} neurons)"
+                copied.append(f"layers.{i}.mlp <- {blk}ffn_*{pruned}")
         # fc: identity on the deepest tap, small noise elsewhere
         h = cfg.hidden_size
         fc = torch.randn(model.fc.weight.shape, generator=gen) * (0.02 / math.sqrt(h))

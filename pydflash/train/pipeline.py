@@ -33,18 +33,24 @@ def default_taps(n_layers: int, count: int = 4) -> list[int]:
 
 def build_config(facts: dict, *, layers: int = 1, taps: Sequence[int] | None = None, block_size: int = 8,
                  selector_rank: int = 32, selector_top_k: int = 8, mask_token_id: int = 0,
-                 conv_group_size: int = 16):  # type: ignore[no-untyped-def]
-    """A DFlash2 config shaped like the target's layers (so they can seed the drafter)."""
+                 conv_group_size: int = 16, ffn: int | None = None):  # type: ignore[no-untyped-def]
+    """A DFlash2 config shaped like the target's layers (so they can seed the drafter).
+
+    ``ffn`` narrows the drafter's SwiGLU below the target's width (a smaller shipped file; the
+    layer then starts from the target's most important FFN neurons, ``init_from_target``).
+    """
     from ..reference.config import DFlashConfig
 
     taps = list(taps) if taps else default_taps(facts["num_layers"])
+    if ffn is not None and not 0 < ffn <= facts["intermediate_size"]:
+        raise ValueError(f"--ffn {ffn} outside 1..{facts['intermediate_size']} (the target's FFN width)")
     bad = [t for t in taps if not 0 <= t < facts["num_layers"] - 1]
     if bad:
         raise ValueError(f"tap layers {bad} outside 0..{facts['num_layers'] - 2} for this target")
     return DFlashConfig(
         hidden_size=facts["hidden_size"], num_hidden_layers=layers, num_attention_heads=facts["num_heads"],
         num_key_value_heads=facts["num_kv_heads"], head_dim=facts["head_dim"],
-        intermediate_size=facts["intermediate_size"], vocab_size=facts["vocab_size"], target_layer_ids=tuple(taps),
+        intermediate_size=ffn or facts["intermediate_size"], vocab_size=facts["vocab_size"], target_layer_ids=tuple(taps),
         rms_norm_eps=facts["rms_norm_eps"], rope_theta=facts["rope_theta"], max_position_embeddings=32768,
         block_size=block_size, mask_token_id=mask_token_id, is_causal=False, conv_kernel_size=2,
         conv_group_size=conv_group_size, selector_rank=selector_rank, selector_top_k=selector_top_k,
@@ -135,8 +141,10 @@ def read_ids(path: str | os.PathLike) -> set[str]:
 
 
 def export(model, out_dir: str | os.PathLike, target_gguf: str, *, name: str,  # type: ignore[no-untyped-def]
-           quant: Sequence[str] = ("Q8_0",), threads: int | None = None, outtype: str = "bf16") -> list[Path]:
-    """HF checkpoint (``out_dir/hf/<name>``) -> ``<name>-BF16.gguf`` (``outtype``) -> quantized variants."""
+           quant: Sequence[str] = ("Q8_0",), threads: int | None = None, outtype: str = "bf16",
+           tokenizer: bool = True) -> list[Path]:
+    """HF checkpoint (``out_dir/hf/<name>``) -> ``<name>-BF16.gguf`` (``outtype``) -> quantized variants
+    (``tokenizer=False``: without the target's tokenizer, ``convert``)."""
     import torch
     from safetensors.torch import save_file
 
@@ -150,7 +158,7 @@ def export(model, out_dir: str | os.PathLike, target_gguf: str, *, name: str,  #
     tensors = {k: v.detach().to(torch.float32).contiguous() for k, v in model.state_dict().items()}
     save_file(tensors, str(hf / "model.safetensors"), metadata={"format": "pt"})
     f16 = convert(hf, out_dir / f"{name}-{outtype.upper()}.gguf", target_gguf=target_gguf, outtype=outtype,
-                  progress=False)
+                  progress=False, tokenizer=tokenizer)
     files = [f16]
     for q in quant:
         files.append(quantize(f16, out_dir / f"{name}-{q.upper()}.gguf", q, n_threads=threads, progress=False))
@@ -241,6 +249,9 @@ def build_parser(prog: str = "pydflash train") -> argparse.ArgumentParser:
     p.add_argument("--layers", type=int, default=1, help="drafter layers (default 1)")
     p.add_argument("--taps", default=None, help="tapped target layers, HF ids (default: 4 spread layers)")
     p.add_argument("--block-size", type=int, default=8)
+    p.add_argument("--ffn", type=int, default=None,
+                   help="drafter FFN width (default: the target's); narrower layers start from the target's most "
+                        "important FFN neurons, for a smaller shipped file")
     p.add_argument("--selector-rank", type=int, default=32)
     p.add_argument("--selector-top-k", type=int, default=8)
     p.add_argument("--mask-token-id", type=int, default=0)
@@ -291,6 +302,12 @@ def build_parser(prog: str = "pydflash train") -> argparse.ArgumentParser:
     p.add_argument("--checkpoint-every", type=int, default=100)
     p.add_argument("--eval-every", type=int, default=100)
     p.add_argument("--quant", default="Q8_0,Q4_K_M", help="quantized exports (comma-separated; '' = none)")
+    p.add_argument("--no-tokenizer", action="store_true",
+                   help="exports without the target's tokenizer (pydflash pairs drafter and target on tensor shapes; "
+                        "6 MB less for a 151,936-token vocabulary)")
+    p.add_argument("--head-from-target", action="store_true",
+                   help="exports store the draft vocabulary's ids (d2t) but not its head rows, which the engine "
+                        "takes from the target at load time (7.8 MB less for Qwen2.5's head at --draft-vocab 8192)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads for torch and the target")
     p.add_argument("--capture-only", action="store_true")
     p.add_argument("--no-capture", action="store_true", help="train on what the cache holds (skip new prompts)")
@@ -361,9 +378,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     facts = target_facts(target_path)
     taps = [int(x) for x in args.taps.split(",")] if args.taps else None
-    config = build_config(facts, layers=args.layers, taps=taps, block_size=args.block_size,
-                          selector_rank=args.selector_rank, selector_top_k=args.selector_top_k,
-                          mask_token_id=args.mask_token_id)
+    try:
+        config = build_config(facts, layers=args.layers, taps=taps, block_size=args.block_size,
+                              selector_rank=args.selector_rank, selector_top_k=args.selector_top_k,
+                              mask_token_id=args.mask_token_id, ffn=args.ffn)
+    except ValueError as e:  # taps or --ffn outside the target's shape
+        parser.error(str(e))
     try:
         copy_heads = tuple(int(h) for h in args.copy_head.split(","))
     except ValueError:
@@ -431,9 +451,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.save_portable:
         log(f"portable checkpoint: {save_portable(trainer, args.save_portable)}")
     quant = [q for q in args.quant.split(",") if q]
-    files = export(model, out, target_path, name=name, quant=quant, threads=args.threads)
+    files = export(model, out, target_path, name=name, quant=quant, threads=args.threads,
+                   tokenizer=not args.no_tokenizer)
     if trainer.draft_vocab is not None:  # the exported drafters draft over the vocabulary they were trained on
-        export_draft_vocab(files, target_path, trainer.draft_vocab.numpy(), trainer.draft_vocab_report)
+        export_draft_vocab(files, target_path, trainer.draft_vocab.numpy(), trainer.draft_vocab_report,
+                           store_head=not args.head_from_target)
     log(json.dumps({"exported": [str(f) for f in files], "step": trainer.step}))
     if args.curve:
         from . import curve

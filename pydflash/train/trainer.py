@@ -218,7 +218,7 @@ def choose_draft_vocab(seqs: list[CapturedSequence], n_vocab: int, n: int, *, al
 
 
 def export_draft_vocab(files: Sequence[str | os.PathLike], target_gguf: str | os.PathLike, ids: np.ndarray,
-                       report: dict | None = None) -> list[Path]:
+                       report: dict | None = None, store_head: bool = True) -> list[Path]:
     """Rewrite each exported full-vocabulary drafter GGUF in place as its reduced-vocabulary form
     (``d2t`` = ``ids``, own ``output.weight`` = those rows of the target's head:
     ``pydflash.formats.draft_vocab.write_reduced_drafter``), the vocabulary the drafter was trained with."""
@@ -232,7 +232,7 @@ def export_draft_vocab(files: Sequence[str | os.PathLike], target_gguf: str | os
     for f in files:
         f = Path(f)
         tmp = f.with_name(f.stem + ".d2t.gguf")
-        write_reduced_drafter(f, tmp, target_gguf, ids, extra_metadata=extra)
+        write_reduced_drafter(f, tmp, target_gguf, ids, extra_metadata=extra, store_head=store_head)
         os.replace(tmp, f)
         out.append(f)
     return out
