@@ -161,6 +161,16 @@ def test_loader_refuses_bad_d2t(drafters, smollm2_path, tmp_path):
 # --- drafting over the draft vocabulary ---------------------------------------------------
 
 
+def _block(path, target_path, kern, seed):
+    """(hidden, logits) of one block after a random 30-row context, drafter loaded under ``kern``."""
+    feats = random_context(30, seed=seed)
+    with kernels_for(kern):
+        d = Drafter(path, target_path, n_ctx=64, n_threads=1)
+    with d:
+        d.inject(feats, np.arange(30))
+        return d.forward(777, 30)
+
+
 @pytest.mark.parametrize("kind", ["dflash2", "dflash"])
 @pytest.mark.parametrize("kern", KERNELS)
 def test_logits_are_the_full_head_restricted(kind, drafters, smollm2_path, kern):
@@ -171,14 +181,7 @@ def test_logits_are_the_full_head_restricted(kind, drafters, smollm2_path, kern)
     (each its own way), so they differ by far less than that rounding (NMSE ~1e-5 against the
     exact head, test_drafter_native)."""
     full, reduced, _, ids = drafters[kind]
-    feats = random_context(30, seed=4)
-    got = {}
-    for name, path in (("full", full), ("reduced", reduced)):
-        with kernels_for(kern):
-            d = Drafter(path, smollm2_path, n_ctx=64, n_threads=1)
-        with d:
-            d.inject(feats, np.arange(30))
-            got[name] = d.forward(777, 30)
+    got = {name: _block(path, smollm2_path, kern, seed=4) for name, path in (("full", full), ("reduced", reduced))}
     np.testing.assert_array_equal(got["reduced"][0], got["full"][0])
     assert got["reduced"][1].shape == (BLOCK, N_DRAFT)
     if kern == "stock":
@@ -198,15 +201,9 @@ def test_a_drafter_without_its_head_rows_takes_the_same_rows_from_the_target(dra
     slim = write_reduced_drafter(full, tmp_path / "slim.gguf", smollm2_path, ids, store_head=False)
     assert "output.weight" not in read_gguf_header(slim).tensors
     assert slim.stat().st_size < reduced.stat().st_size
-    feats = random_context(30, seed=5)
-    got = {}
-    for name, path in (("stored", reduced), ("from target", slim)):
-        with kernels_for(kern):
-            d = Drafter(path, smollm2_path, n_ctx=64, n_threads=1)
-        with d:
-            assert d.draft_vocab.tolist() == ids.tolist()
-            d.inject(feats, np.arange(30))
-            got[name] = d.forward(777, 30)
+    with Drafter(slim, smollm2_path, n_ctx=32, n_threads=1) as d:
+        assert d.draft_vocab.tolist() == ids.tolist()
+    got = {name: _block(path, smollm2_path, kern, seed=5) for name, path in (("stored", reduced), ("from target", slim))}
     np.testing.assert_array_equal(got["from target"][0], got["stored"][0])
     np.testing.assert_array_equal(got["from target"][1], got["stored"][1])
 
