@@ -53,7 +53,7 @@ struct DrafterLoader {
     };
     std::vector<Planned> planned;
     // The target's head (read-only metadata) and, for a d2t drafter that ships no head rows, the
-    // tensor those rows are gathered into once the target is mapped (gather_draft_head).
+    // tensor those rows are gathered into once the target is mapped (Drafter::load).
     const ggml_tensor * target_head = nullptr;
     ggml_tensor *       head_from_target = nullptr;
 
