@@ -33,6 +33,11 @@ def full_attention_config(**overrides):
     return tiny_config("dflash2", **base)
 
 
+def _nmse(got: np.ndarray, want: torch.Tensor) -> float:
+    """Normalised squared error of the engine's output against the float64 reference's."""
+    return float(((got - want.numpy()) ** 2).sum() / (want.numpy() ** 2).sum())
+
+
 def random_sequences(cfg, n_seqs: int, length: int, seed: int = 0) -> list[CapturedSequence]:
     """Sequences whose labels are the next token (as on a greedy continuation)."""
     rng = np.random.default_rng(seed)
@@ -418,8 +423,7 @@ def test_export_convert_load_matches_the_torch_model(small_cache, smollm2_path, 
         prop = d.propose(int(seq.tokens[s]), s)
     blk = [int(seq.tokens[s])] + [0] * 7
     want_h, want_z = ref.forward_block(feats[:s].astype(np.float64), np.arange(s), blk, s, target64)
-    nmse = lambda a, b: float(((a - b.numpy()) ** 2).sum() / (b.numpy() ** 2).sum())  # noqa: E731
-    assert nmse(hidden, want_h) < 1e-8 and nmse(logits, want_z) < 1e-8
+    assert _nmse(hidden, want_h) < 1e-8 and _nmse(logits, want_z) < 1e-8
     want = ref.propose(want_h, want_z, int(seq.tokens[s]))
     assert prop.tokens.tolist() == want.tokens.tolist()
 
@@ -433,7 +437,7 @@ def test_export_convert_load_matches_the_torch_model(small_cache, smollm2_path, 
         d.inject(feats[:s], np.arange(s))
         hidden, logits = d.forward(int(seq.tokens[s]), s)
         prop = d.propose(int(seq.tokens[s]), s)
-    assert nmse(hidden, want_h) < 1e-8 and nmse(logits, want_z[:, ids]) < 1e-8
+    assert _nmse(hidden, want_h) < 1e-8 and _nmse(logits, want_z[:, ids]) < 1e-8
     masked = torch.full_like(want_z, float("-inf"))
     masked[:, ids] = want_z[:, ids]
     want = ref.propose(want_h, masked, int(seq.tokens[s]))
@@ -489,8 +493,7 @@ def test_a_narrower_ffn_starts_from_the_target_s_strongest_neurons_and_loads_nat
         hidden, logits = d.forward(int(seq.tokens[s]), s)
     want_h, want_z = ref.forward_block(feats[:s].astype(np.float64), np.arange(s), [int(seq.tokens[s])] + [0] * 7, s,
                                        TargetWeights.from_gguf(smollm2_path).to(torch.float64))
-    nmse = lambda a, b: float(((a - b.numpy()) ** 2).sum() / (b.numpy() ** 2).sum())  # noqa: E731
-    assert nmse(hidden, want_h) < 1e-8 and nmse(logits, want_z) < 1e-8
+    assert _nmse(hidden, want_h) < 1e-8 and _nmse(logits, want_z) < 1e-8
 
 
 def test_pydflash_train_refuses_an_ffn_wider_than_the_target_s(smollm2_path, tmp_path, capsys):
