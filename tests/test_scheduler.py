@@ -101,11 +101,14 @@ def test_mixed_sampling_options_share_steps(engine, smollm2, plain_of):
     sampled = SamplingOptions(max_tokens=16, temperature=0.9, top_k=20, seed=7, ignore_eos=True)
     a = sched.add(smollm2.tokenize(PROMPTS[0]), greedy(16, ignore_eos=True))
     b = sched.add(smollm2.tokenize(PROMPTS[1]), sampled, n_max=0)
-    shared = 0
+    # every step while both run decodes both (the prefill step aside); how many steps that is
+    # depends on how many drafts the greedy one accepts, so the count is not fixed
+    shared = both_running = 0
     while not {a, b} <= set(sched.finished()):
         info = sched.step()
         shared += info.n_decoding == 2
-    assert shared >= 10
+        both_running += not ({a, b} & set(sched.finished()))
+    assert both_running >= 3 and shared >= both_running - 1
     ra, rb = sched.take(a), sched.take(b)
     tokens, want = plain_of(PROMPTS[0], 16)
     _tie_aware_equal(smollm2, tokens, want, ra.tokens)
