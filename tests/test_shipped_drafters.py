@@ -16,6 +16,7 @@ from pydflash import Engine, Target, drafters
 from pydflash.formats.convert import read_gguf_header
 
 SMOL = drafters.SHIPPED[0]
+QWEN05 = drafters.SHIPPED[1]
 PROMPT = "def is_prime(n):\n    \"\"\"Return True if n is prime.\"\"\"\n"
 
 
@@ -32,17 +33,36 @@ def test_shipped_file_is_a_small_dflash2_drafter_for_smollm2():
     assert "d2t" in read_gguf_header(SMOL.path).tensors
 
 
-def test_auto_picks_the_shipped_drafter_and_output_equals_plain(smollm2_path):
-    with Target(smollm2_path, n_ctx=1024, n_threads=1) as plain:
+def test_shipped_qwen_file_is_a_dflash2_drafter_under_20mb_that_borrows_from_its_target():
+    assert QWEN05.path.is_file(), f"{QWEN05.path} is missing from the package"
+    assert QWEN05.path.stat().st_size <= 20 * 1000 * 1000  # issue #27: <= 20 MB at Q4_K_M
+    header = read_gguf_header(QWEN05.path)
+    kv = header.kv
+    assert kv["general.architecture"].value == b"dflash"
+    assert kv["dflash.selector_top_k"].value > 0
+    assert kv["dflash.embedding_length"].value == QWEN05.n_embd
+    # no tokenizer and no head rows: the engine takes both from the target (shapes pair them)
+    assert "tokenizer.ggml.tokens" not in kv
+    assert "d2t" in header.tensors and "output.weight" not in header.tensors
+    assert "dflash.acceptance_profile" in kv  # `auto` prices its first probe with it
+
+
+# The reference: plain greedy decoding of the same target (tie-aware, as verification batches rows).
+@pytest.mark.parametrize("which", ["smollm2", "qwen05"])
+def test_auto_picks_the_shipped_drafter_and_output_equals_plain(which, request):
+    path = request.getfixturevalue(f"{which}_path")
+    entry = SMOL if which == "smollm2" else QWEN05
+    with Target(path, n_ctx=1024, n_threads=1) as plain:
         want = plain.generate(PROMPT, max_tokens=48, temperature=0)
-    with Engine(smollm2_path, "auto", n_ctx=1024, n_threads=1) as engine:
-        assert engine.drafter is not None and engine.drafter.path == str(SMOL.path)
+    with Engine(path, "auto", n_ctx=1024, n_threads=1) as engine:
+        assert engine.drafter is not None and engine.drafter.path == str(entry.path)
         got = engine.generate(PROMPT, max_tokens=48, temperature=0, n_max=7)
     assert got.tokens == want.tokens
     assert got.stats.n_drafted > 0
 
 
-def test_auto_without_a_match_warns_and_decodes_plainly(qwen05_path):
+def test_auto_without_a_match_warns_and_decodes_plainly(qwen05_path, monkeypatch):
+    monkeypatch.setattr(drafters, "SHIPPED", (SMOL,))  # a target none of the shipped files is for
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         with Engine(qwen05_path, "auto", n_ctx=256, n_threads=1) as engine:

@@ -41,6 +41,9 @@ class ShippedDrafter:
 
 SHIPPED: tuple[ShippedDrafter, ...] = (
     ShippedDrafter("smollm2-135m-instruct-dflash2.gguf", "llama", 576, 49152, 30, ("smollm2", "135m")),
+    # no tokenizer, no head rows: the engine pairs it on shapes and gathers its 8,192 head rows
+    # from the target at load (docs/shipped-drafter.md)
+    ShippedDrafter("qwen2.5-coder-0.5b-instruct-dflash2.gguf", "qwen2", 896, 151936, 24, ("qwen2.5", "coder", "0.5b")),
 )
 
 
