@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Callable
 
 
 def propose(ctx: list[int], n_max: int, min_n: int) -> list[int]:
@@ -27,22 +28,36 @@ def propose(ctx: list[int], n_max: int, min_n: int) -> list[int]:
     return []
 
 
-def simulate(data: list[tuple[list[int], list[int]]], n_max: int, min_n: int) -> dict:
-    tokens = steps = with_match = accepted_on_match = 0
+def accepted(draft: list[int], cont: list[int], i: int) -> int:
+    """How many of ``draft`` greedy verification keeps at position ``i`` of the text ``cont``."""
+    a = 0
+    while a < len(draft) and i + a < len(cont) and draft[a] == cont[i + a]:
+        a += 1
+    return a
+
+
+def simulate(data: list[tuple[list[int], list[int]]], n_max: int, min_n: int,
+             fallback: Callable[[list[int], int], int] | None = None) -> dict:
+    """``fallback(cont, i)``: drafts accepted at position ``i`` where the history has no match (a
+    stand-in for a drafter beside it; ``None``: plain decoding there)."""
+    tokens = steps = with_match = accepted_on_match = long_matches = from_fallback = 0
     for prompt, cont in data:
         i = 0
         while i < len(cont):
             draft = propose(prompt + cont[:i], n_max, min_n)
-            a = 0
-            while a < len(draft) and i + a < len(cont) and draft[a] == cont[i + a]:
-                a += 1
+            a = accepted(draft, cont, i)
+            if not draft and fallback is not None:
+                a = fallback(cont, i)
+                from_fallback += a
             with_match += bool(draft)
-            accepted_on_match += a
+            accepted_on_match += a if draft else 0
+            long_matches += bool(draft) and a >= 5
             i += a + 1
             steps += 1
         tokens += len(cont)
     return {"min_n": min_n, "tau": tokens / steps, "steps": steps, "steps_with_a_match": with_match,
-            "accepted_per_match": accepted_on_match / max(with_match, 1)}
+            "accepted_per_match": accepted_on_match / max(with_match, 1), "accepted_from_history": accepted_on_match,
+            "history_steps_accepting_5_or_more": long_matches, "accepted_from_fallback": from_fallback}
 
 
 def main() -> int:

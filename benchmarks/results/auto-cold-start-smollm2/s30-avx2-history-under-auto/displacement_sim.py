@@ -2,7 +2,7 @@
 Fixed greedy text (SmolLM2, HumanEval 132-163, 128 tokens); history = lookup_simulation.propose."""
 import json, os, random, sys
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "../../.."))
-from lookup_simulation import propose
+from lookup_simulation import simulate
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "greedy.json")
 if not os.path.exists(DATA):
@@ -17,23 +17,19 @@ if not os.path.exists(DATA):
 data = json.load(open(DATA))
 
 def run(p_draft, width, n_max=15, min_n=2, seed=0):
+    """A stand-in drafter beside the history: right with probability p_draft per draft, up to width."""
     rng = random.Random(seed)
-    steps = hist_acc = dr_acc = long_steps = 0
-    for prompt, cont in data:
-        i = 0
-        while i < len(cont):
-            d = propose(prompt + cont[:i], n_max, min_n)
-            a = 0
-            if d:
-                while a < len(d) and i + a < len(cont) and d[a] == cont[i + a]:
-                    a += 1
-                hist_acc += a; long_steps += a >= 5
-            elif p_draft > 0:
-                while a < width and i + a < len(cont) and rng.random() < p_draft:
-                    a += 1
-                dr_acc += a
-            i += a + 1; steps += 1
-    return dict(p=p_draft, width=width, steps=steps, hist_acc=hist_acc, drafter_acc=dr_acc, hist_steps_acc_ge5=long_steps)
+
+    def drafter(cont, i):
+        a = 0
+        while a < width and i + a < len(cont) and rng.random() < p_draft:
+            a += 1
+        return a
+
+    r = simulate(data, n_max, min_n, drafter if p_draft > 0 else None)
+    return dict(p=p_draft, width=width, steps=r["steps"], hist_acc=r["accepted_from_history"],
+                drafter_acc=r["accepted_from_fallback"], hist_steps_acc_ge5=r["history_steps_accepting_5_or_more"])
+
 
 for pd, w in ((0, 0), (0.737, 1), (0.6, 2), (0.737, 3)):
     print(json.dumps(run(pd, w)))
