@@ -45,13 +45,14 @@ def simulate(data: list[tuple[list[int], list[int]]], n_max: int, min_n: int,
         i = 0
         while i < len(cont):
             draft = propose(prompt + cont[:i], n_max, min_n)
-            a = accepted(draft, cont, i)
-            if not draft and fallback is not None:
-                a = fallback(cont, i)
+            if draft:
+                a = accepted(draft, cont, i)
+                with_match += 1
+                accepted_on_match += a
+                long_matches += a >= 5
+            else:
+                a = fallback(cont, i) if fallback is not None else 0
                 from_fallback += a
-            with_match += bool(draft)
-            accepted_on_match += a if draft else 0
-            long_matches += bool(draft) and a >= 5
             i += a + 1
             steps += 1
         tokens += len(cont)

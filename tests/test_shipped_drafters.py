@@ -21,31 +21,25 @@ QWEN05 = drafters.SHIPPED[1]
 PROMPT = "def is_prime(n):\n    \"\"\"Return True if n is prime.\"\"\"\n"
 
 
-def test_shipped_file_is_a_small_dflash2_drafter_for_smollm2():
-    assert SMOL.path.is_file(), f"{SMOL.path} is missing from the package"
-    # 16 MB: 2 layers + selector at Q4_K_M (~7.5 MB), the target's tokenizer (~2.5 MB) and the
-    # reduced draft head (8192 of the target's Q8_0 head rows, ~5 MB, half the drafting cost)
-    assert SMOL.path.stat().st_size <= 16 * 1024 * 1024
-    kv = read_gguf_header(SMOL.path).kv
-    assert kv["general.architecture"].value == b"dflash"
-    assert kv["dflash.selector_top_k"].value > 0  # DFlash2
-    assert kv["dflash.embedding_length"].value == SMOL.n_embd
-    # the draft vocabulary it was trained with travels with it (docs/draft-vocab.md)
-    assert "d2t" in read_gguf_header(SMOL.path).tensors
-
-
-def test_shipped_qwen_file_is_a_dflash2_drafter_under_20mb_that_borrows_from_its_target():
-    assert QWEN05.path.is_file(), f"{QWEN05.path} is missing from the package"
-    assert QWEN05.path.stat().st_size <= 20 * 1000 * 1000  # issue #27: <= 20 MB at Q4_K_M
-    header = read_gguf_header(QWEN05.path)
+# Size bounds: SmolLM2's 16 MB holds 2 layers + selector at Q4_K_M (~7.5 MB), the target's tokenizer
+# (~2.5 MB) and its 8,192 draft-head rows (Q8_0, ~5 MB); Qwen's 20 MB is issue #27's bound, met by
+# leaving the tokenizer and head rows out (the engine takes both from the target, pairing on shapes).
+@pytest.mark.parametrize("entry, max_bytes, borrows_from_target",
+                         [(SMOL, 16 * 1024 * 1024, False), (QWEN05, 20 * 1000 * 1000, True)],
+                         ids=["smollm2", "qwen05"])
+def test_shipped_file_is_a_small_dflash2_drafter_for_its_target(entry, max_bytes, borrows_from_target):
+    assert entry.path.is_file(), f"{entry.path} is missing from the package"
+    assert entry.path.stat().st_size <= max_bytes
+    header = read_gguf_header(entry.path)
     kv = header.kv
     assert kv["general.architecture"].value == b"dflash"
-    assert kv["dflash.selector_top_k"].value > 0
-    assert kv["dflash.embedding_length"].value == QWEN05.n_embd
-    # no tokenizer and no head rows: the engine takes both from the target (shapes pair them)
-    assert "tokenizer.ggml.tokens" not in kv
-    assert "d2t" in header.tensors and "output.weight" not in header.tensors
+    assert kv["dflash.selector_top_k"].value > 0  # DFlash2
+    assert kv["dflash.embedding_length"].value == entry.n_embd
+    # the draft vocabulary it was trained with travels with it (docs/draft-vocab.md)
+    assert "d2t" in header.tensors
     assert "dflash.acceptance_profile" in kv  # `auto` prices its first probe with it
+    assert ("tokenizer.ggml.tokens" in kv) != borrows_from_target
+    assert ("output.weight" in header.tensors) != borrows_from_target
 
 
 # The reference: plain greedy decoding of the same target (tie-aware: verification decodes several
