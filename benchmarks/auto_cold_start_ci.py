@@ -1,10 +1,11 @@
 """Bootstrap confidence intervals for an ``auto_cold_start.py`` results.json.
 
 Per mode: the median over prompts of tok/s against that prompt's plain run, with a 95 % interval
-from resampling the prompts, and the summed verify steps; when both ``auto-cold`` and
-``history-cold`` ran, the same for their per-prompt ratio (does the drafter add to the history?).
+from resampling the prompts, and the summed verify steps; then the same for the per-prompt ratio of
+two modes (``--pair A,B``, default ``auto-cold,history-cold``: does the drafter add to the history?
+``auto-cold-cand,auto-cold``: does a candidate drafter beat the shipped one?), where both ran.
 
-    python benchmarks/auto_cold_start_ci.py RESULTS.json [--resamples 2000] [--seed 0]
+    python benchmarks/auto_cold_start_ci.py RESULTS.json [--pair A,B] [--resamples 2000] [--seed 0]
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ def median_ci(xs: list[float], resamples: int, seed: int) -> tuple[float, float,
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("results")
+    ap.add_argument("--pair", default="auto-cold,history-cold", help="A,B: the per-prompt ratio A / B")
     ap.add_argument("--resamples", type=int, default=2000)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
@@ -38,14 +40,16 @@ def main() -> None:
         med, lo, hi = median_ci([runs[p]["tok_s"] / plain[p]["tok_s"] for p in plain], args.resamples, args.seed)
         steps = sum(r["steps"] for r in runs.values())
         print(f"{mode}: median ratio vs plain {med:.3f} (95 % CI {lo:.2f}-{hi:.2f}), verify steps {steps}")
-    if "auto-cold" in by_mode and "history-cold" in by_mode:
-        auto, hist = by_mode["auto-cold"], by_mode["history-cold"]
-        xs = [auto[p]["tok_s"] / hist[p]["tok_s"] for p in plain]
+    a_mode, _, b_mode = args.pair.partition(",")
+    if a_mode in by_mode and b_mode in by_mode:
+        a, b = by_mode[a_mode], by_mode[b_mode]
+        xs = [a[p]["tok_s"] / b[p]["tok_s"] for p in plain]
         med, lo, hi = median_ci(xs, args.resamples, args.seed)
-        drafter = sum(r["accepted"] - r["lookup_accepted"] for r in auto.values())
-        print(f"auto-cold / history-cold per prompt: median {med:.3f} (95 % CI {lo:.2f}-{hi:.2f}), "
-              f"ahead on {sum(x > 1 for x in xs)} of {len(xs)}; drafts accepted from the drafter {drafter}")
-
+        drafter = sum(r["accepted"] - r["lookup_accepted"] for r in a.values())
+        print(f"{a_mode} / {b_mode} per prompt: median {med:.3f} (95 % CI {lo:.2f}-{hi:.2f}), "
+              f"ahead on {sum(x > 1 for x in xs)} of {len(xs)}; drafts accepted from {a_mode}'s drafter {drafter}")
+    else:
+        print(f"--pair {args.pair}: not both in the results (modes: {', '.join(by_mode)})")
 
 if __name__ == "__main__":
     main()
