@@ -146,9 +146,18 @@ typedef struct dflash_target dflash_target;
 
 typedef enum dflash_tap_source {
     DFLASH_TAP_AUTO        = 0,  /* layer-input API where the target's graph supports it */
-    DFLASH_TAP_LAYER_INPUT = 1,  /* llama_set_embeddings_layer_inp (llama, qwen3 archs) */
-    DFLASH_TAP_EVAL        = 2   /* graph eval callback on layer outputs (any arch) */
+    DFLASH_TAP_LAYER_INPUT = 1,  /* llama_set_embeddings_layer_inp (the archs whose graph records
+                                  * layer inputs: derived from the llama.cpp tree at build time) */
+    DFLASH_TAP_EVAL        = 2   /* graph eval callback on the "l_out-<il>" layer outputs */
 } dflash_tap_source;
+
+/* How rejected verify rows leave the target's memory (chosen at load from its memory type). */
+typedef enum dflash_rollback {
+    DFLASH_ROLLBACK_KV         = 0,  /* attention KV: the rejected cells are removed */
+    DFLASH_ROLLBACK_SNAPSHOTS  = 1,  /* recurrent state snapshots per verified row (n_rs_seq) */
+    DFLASH_ROLLBACK_CHECKPOINT = 2   /* recurrent state saved before a verify block, restored after
+                                      * a rejection and the accepted rows decoded again */
+} dflash_rollback;
 
 typedef struct dflash_target_params {
     int32_t n_ctx;          /* context window in tokens (0 = 4096, capped to the trained size) */
@@ -157,6 +166,8 @@ typedef struct dflash_target_params {
     int32_t n_threads;      /* CPU threads (<= 0: all cores) */
     int32_t n_gpu_layers;   /* layers offloaded to a GPU build's device (-1: all) */
     int32_t tap_source;     /* a dflash_tap_source */
+    int32_t n_verify_max;   /* recurrent memory: drafts per verify block its snapshots must cover
+                             * (0 = 15; memory grows by one recurrent state per draft) */
 } dflash_target_params;
 
 typedef struct dflash_target_info {
@@ -173,6 +184,9 @@ typedef struct dflash_target_info {
     /* fill-in-the-middle tokens (-1 if the vocab has none) */
     int32_t token_fim_pre, token_fim_suf, token_fim_mid, token_fim_pad, token_fim_rep, token_fim_sep;
     int32_t token_sep;      /* -1 if none */
+    int32_t rollback;       /* a dflash_rollback */
+    int32_t n_verify_max;   /* most drafts one verify block may carry and be rolled back */
+    int32_t tap_source;     /* DFLASH_TAP_LAYER_INPUT or DFLASH_TAP_EVAL: how taps are read */
 } dflash_target_info;
 
 dflash_target_params dflash_target_default_params(void);
@@ -338,6 +352,8 @@ typedef struct dflash_stats {
     int32_t n_lookup_drafted;       /* of n_drafted: tokens proposed from the sequence's own history */
     int32_t n_lookup_accepted;      /* of n_accepted: such tokens accepted */
     int32_t n_trimmed;              /* drafter drafts not verified: cut by auto's trim (or p_min), not in n_drafted */
+    double  t_rollback_ms;          /* recurrent targets' checkpoint rollback: saves, restores, replays */
+    int32_t n_replayed;             /* rows decoded again after a rejection (checkpoint rollback) */
 } dflash_stats;
 
 /* Streaming: called once per committed token with the newly releasable UTF-8 text (may be empty
@@ -698,6 +714,11 @@ dflash_status dflash_scheduler_slot_erase(dflash_scheduler * scheduler, int32_t 
 /* Target layers (as dflash_target_set_taps: the hidden state entering each) whose features
  * requests with `capture` keep; with a drafter they must be the drafter's own tap layers (the
  * target captures one set). n = 0 turns capture off. Between steps, while no capture request runs. */
+/* Why the drafter given to dflash_scheduler_create is not used ("" when it is): e.g. the target's
+ * graph exposes no hidden states at its tap layers. The scheduler then decodes plainly (and from
+ * the history, if lookup is on). Valid while the scheduler lives. */
+const char * dflash_scheduler_notice(const dflash_scheduler * scheduler);
+
 dflash_status dflash_scheduler_set_capture(dflash_scheduler * scheduler, const int32_t * layers, int32_t n);
 dflash_status dflash_scheduler_get_tuning(const dflash_scheduler * scheduler, dflash_tuning * out);
 dflash_status dflash_scheduler_set_tuning(dflash_scheduler * scheduler, const dflash_tuning * tuning);

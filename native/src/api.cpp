@@ -92,7 +92,7 @@ extern "C" {
 
 const char * dflash_last_error(void) { return dflash::last_error_cstr(); }
 
-int32_t dflash_abi_version(void) { return 6; }
+int32_t dflash_abi_version(void) { return 7; }
 
 int32_t dflash_device_count(void) { return dflash::device_count(); }
 
@@ -173,6 +173,7 @@ dflash_target_params dflash_target_default_params(void) {
     p.n_threads    = 0;
     p.n_gpu_layers = 0;
     p.tap_source   = DFLASH_TAP_AUTO;
+    p.n_verify_max = 0;
     return p;
 }
 
@@ -439,6 +440,10 @@ dflash_status dflash_scheduler_create(dflash_target * target, dflash_drafter * d
 }
 
 void dflash_scheduler_free(dflash_scheduler * scheduler) { delete scheduler; }
+
+const char * dflash_scheduler_notice(const dflash_scheduler * scheduler) {
+    return scheduler ? scheduler->impl->notice().c_str() : "";
+}
 
 dflash_status dflash_scheduler_add(dflash_scheduler * scheduler, const int32_t * prompt, int32_t n_prompt,
                                    const dflash_request_params * params, dflash_token_callback callback,

@@ -57,6 +57,27 @@ constexpr int32_t kMaxPendingRows = 1024;
 // this many at a time (as with no drafter), at the width its measured acceptance prices best.
 constexpr int32_t kMaxLookupWidth = 15;
 
+// The drafter, if the target's graph gives it the hidden states it feeds on; else none (plain
+// decoding and history drafts) and why, for the one notice the user gets.
+Drafter * usable_drafter(Target & target, Drafter * drafter, bool lookup, std::string * notice) {
+    if (target.max_verify_drafts() == 0) {
+        if (drafter || lookup) {
+            *notice = "this target's attention is not causal (a diffusion model): verified rows would see the "
+                      "drafts after them, decoding plainly";
+        }
+        return nullptr;
+    }
+    if (!drafter) {
+        return nullptr;
+    }
+    std::string why;
+    if (!target.probe_taps(drafter->hparams().target_layers, &why)) {
+        *notice = why + ": the drafter is not used, decoding plainly";
+        return nullptr;
+    }
+    return drafter;
+}
+
 }  // namespace
 
 // The committed-token side of a generation: output tokens, text stream, stop rules.
@@ -149,10 +170,14 @@ struct Scheduler::Sequence {
 };
 
 Scheduler::Scheduler(Target & target, Drafter * drafter, const SchedulerParams & params)
-    : target_(target), drafter_(drafter), params_(params),
+    : target_(target), drafter_(usable_drafter(target, drafter, params.lookup > 0, &notice_)), params_(params),
       n_batch_(params.n_batch > 0 ? std::min(params.n_batch, target.n_batch()) : target.n_batch()),
-      max_width_(drafter ? std::max(1, std::min(drafter->hparams().block_size - 1, 15)) : kMaxLookupWidth),
+      // a recurrent target rolls back at most its snapshots' depth of drafts
+      max_width_(std::max(1, std::min(drafter_ ? std::min(drafter_->hparams().block_size - 1, 15) : kMaxLookupWidth,
+                                      target.max_verify_drafts()))),
+      max_lookup_width_(std::max(1, std::min(kMaxLookupWidth, target.max_verify_drafts()))),
       policy_(max_width_, n_batch_) {
+    drafter = drafter_;
     if (params.n_max < -1) {
         fail(DFLASH_ERR_INVALID_ARGUMENT, "n_max must be >= 0, or -1 for auto (got %d)", params.n_max);
     }
@@ -490,6 +515,9 @@ void Scheduler::start_prefill(Sequence & s, Slot & slot) {
             ++keep;
         }
         keep = std::min(keep, s.prompt.size() - 1);
+        if (target_.recurrent() && keep != slot.kv.size()) {
+            keep = 0;  // recurrent state holds the whole sequence: it cannot be cut back to a prefix
+        }
     }
     DraftSource * features_of = slot.dflash.get();  // the only source whose context needs features
     if (keep > 0 && s.source == features_of && slot.kv_source != features_of) {
@@ -593,7 +621,7 @@ void Scheduler::flush_features(Slot & slot, DraftSource & src) {
 // scheduler's drafter or on none (a target loaded without a drafter still gains where its text
 // repeats); a request's own draft source (tests' replays) keeps its drafts.
 bool Scheduler::lookup_allowed(const Sequence & s) const {
-    if (params_.lookup <= 0 || s.req.n_max == 0 || (s.req.n_max < 0 && params_.n_max == 0) ||
+    if (params_.lookup <= 0 || target_.max_verify_drafts() == 0 || s.req.n_max == 0 || (s.req.n_max < 0 && params_.n_max == 0) ||
         s.req.gen.sampling.temperature > 0.0f) {
         return false;
     }
@@ -603,7 +631,7 @@ bool Scheduler::lookup_allowed(const Sequence & s) const {
 // How many drafts s may verify this step (0: none), from its own limits and `limit`: the
 // drafter's block (max_width_) or, for drafts from the history, kMaxLookupWidth.
 int32_t Scheduler::draft_cap(const Sequence & s, int32_t limit) const {
-    if (!s.source && !lookup_allowed(s)) {
+    if ((!s.source && !lookup_allowed(s)) || target_.max_verify_drafts() == 0) {
         return 0;
     }
     int32_t k = s.req.n_max >= 0 ? s.req.n_max : params_.n_max >= 0 ? params_.n_max : limit;
@@ -805,7 +833,18 @@ void Scheduler::accept(Sequence & s) {
         s.source->commit(s.n_past, n_commit, none);
     }
     if (n_commit < n_draft + 1) {
-        target_.rollback(slot.index, s.n_past + n_commit);
+        if (target_.rollback_kind() == Rollback::checkpoint) {
+            const auto t_rb = clock_type::now();
+            target_.restore_checkpoint(slot.index, s.n_past);
+            std::vector<int32_t> rows{s.anchor};
+            rows.insert(rows.end(), s.draft.tokens.begin(), s.draft.tokens.begin() + n_acc);
+            replays_.push_back({slot.index, std::move(rows), &s});
+            const double t = ms_since(t_rb);
+            st.t_rollback_ms += t;
+            step_rollback_ms_ += t;
+        } else {
+            target_.rollback(slot.index, s.n_past + n_commit);
+        }
     }
     slot.kv.push_back(s.anchor);
     slot.kv.insert(slot.kv.end(), s.draft.tokens.begin(), s.draft.tokens.begin() + n_acc);
@@ -827,6 +866,33 @@ void Scheduler::accept(Sequence & s) {
     }
 }
 
+// Checkpoint rollback: decode the committed rows of every rejected block again, in one batch
+// (logits and taps of the verify are already taken), so each sequence's recurrent state is the
+// state after its last committed row.
+void Scheduler::replay_rejected() {
+    if (replays_.empty()) {
+        return;
+    }
+    const auto t0 = clock_type::now();
+    std::vector<Target::Chunk> chunks;
+    int32_t rows = 0;
+    for (const auto & r : replays_) {
+        chunks.push_back({r.slot, r.tokens.data(), int32_t(r.tokens.size()), Target::LOGITS_NONE});
+        rows += int32_t(r.tokens.size());
+    }
+    target_.decode_chunks(chunks);
+    const double t = ms_since(t0);
+    step_rollback_ms_ += t;
+    for (const auto & r : replays_) {
+        if (r.seq) {
+            auto & st = r.seq->out->stats;
+            st.t_rollback_ms += t * double(r.tokens.size()) / double(rows);
+            st.n_replayed += int32_t(r.tokens.size());
+        }
+    }
+    replays_.clear();
+}
+
 void Scheduler::finish(Sequence & s) {
     if (s.state == Sequence::DONE) {
         return;
@@ -840,6 +906,11 @@ void Scheduler::finish(Sequence & s) {
     }
     s.out->stats.t_total_ms = ms_since(s.t_started == clock_type::time_point{} ? s.t_added : s.t_started);
     s.state = Sequence::DONE;
+    for (auto & r : replays_) {
+        if (r.seq == &s) {
+            r.seq = nullptr;  // its stats are final; the replay still runs (the slot's KV needs it)
+        }
+    }
     if (s.slot) {
         s.slot->owner = 0;
         s.slot->last_used = n_steps_;
@@ -852,6 +923,7 @@ void Scheduler::finish(Sequence & s) {
 void Scheduler::step(dflash_step_info * info) {
     *info = dflash_step_info{};
     const auto t_step = clock_type::now();
+    step_rollback_ms_ = 0.0;
     n_steps_++;
     for (auto & s : seqs_) {
         if (s->cancel && s->state != Sequence::DONE) {
@@ -928,7 +1000,7 @@ void Scheduler::step(dflash_step_info * info) {
         s.n_block_drafts = 0;
         // a request with its own n_max drafts exactly that (capped); the others take the width
         ks[i] = s.source ? std::min({s.req.n_max >= 0 ? cands[i].cap : std::min(width, cands[i].cap), budget}) : 0;
-        const int32_t k_lookup = lookup_width(s, std::min(draft_cap(s, kMaxLookupWidth), budget));
+        const int32_t k_lookup = lookup_width(s, std::min(draft_cap(s, max_lookup_width_), budget));
         if (k_lookup > 0) {
             ks[i] = k_lookup;  // drafted from the history: the drafter skips this sequence
             trim_draft(s, k_lookup);
@@ -981,6 +1053,19 @@ void Scheduler::step(dflash_step_info * info) {
         return;
     }
 
+    // -- checkpoint rollback: save the recurrent state of every sequence verifying drafts
+    if (target_.rollback_kind() == Rollback::checkpoint) {
+        for (auto * s : decoding) {
+            if (s->n_rows > 1) {
+                const auto t0 = clock_type::now();
+                target_.checkpoint(s->slot->index);
+                const double t = ms_since(t0);
+                s->out->stats.t_rollback_ms += t;
+                step_rollback_ms_ += t;
+            }
+        }
+    }
+
     // -- verify (and prefill) in one target batch
     const auto t_verify = clock_type::now();
     target_.decode_chunks(chunks);
@@ -1004,15 +1089,13 @@ void Scheduler::step(dflash_step_info * info) {
         accept(*s);
         info->n_committed += st.n_generated - before;
     }
-    if (params_.n_max < 0 && n_prefill_rows == 0 && !decoding.empty()) {
-        bool from_history = false, from_drafter = false;
-        for (const auto * s : decoding) {
-            from_history = from_history || (!s->draft.tokens.empty() && s->lookup_match > 0);
-            from_drafter = from_drafter || s->n_block_drafts > 0;  // a block cut to nothing was paid for too
-        }
-        using Kind = WidthPolicy::StepKind;
-        policy_.observe_step(from_history ? Kind::kHistory : from_drafter ? Kind::kDrafted : Kind::kPlain,
-                             info->n_committed, ms_since(t_step));
+    // what a drafting step's rollback costs beyond its verify (checkpoint: save, restore, replay)
+    bool from_history = false, from_drafter = false;
+    int32_t n_drafted_seqs = 0;
+    for (const auto * s : decoding) {
+        from_history = from_history || (!s->draft.tokens.empty() && s->lookup_match > 0);
+        from_drafter = from_drafter || s->n_block_drafts > 0;  // a block cut to nothing was paid for too
+        n_drafted_seqs += s->n_rows > 1 ? 1 : 0;
     }
     // -- prefill progress; a finished prompt gives the sequence its first token
     for (auto * s : prefilling) {
@@ -1051,6 +1134,17 @@ void Scheduler::step(dflash_step_info * info) {
         } else {
             info->n_committed++;
         }
+    }
+    if (target_.rollback_kind() == Rollback::checkpoint) {
+        replay_rejected();
+        if (params_.n_max < 0 && n_prefill_rows == 0 && n_drafted_seqs > 0) {
+            policy_.observe_rollback(step_rollback_ms_ / double(n_drafted_seqs));
+        }
+    }
+    if (params_.n_max < 0 && n_prefill_rows == 0 && !decoding.empty()) {
+        using Kind = WidthPolicy::StepKind;
+        policy_.observe_step(from_history ? Kind::kHistory : from_drafter ? Kind::kDrafted : Kind::kPlain,
+                             info->n_committed, ms_since(t_step));
     }
     if (probe) {
         policy_.probe_done();

@@ -79,6 +79,8 @@ public:
 
     int32_t n_pending() const;  // sequences queued or running
     WidthPolicy & policy() { return policy_; }
+    // Why the drafter given at creation is not used (empty: it is), said once for the user.
+    const std::string & notice() const { return notice_; }
 
 private:
     struct Sequence;
@@ -93,6 +95,7 @@ private:
     void trim_draft(Sequence & s, int32_t k);
     double draft_all(const std::vector<Sequence *> & decoding, const std::vector<int32_t> & k);
     void accept(Sequence & s);
+    void replay_rejected();
     void finish(Sequence & s);
     void keep_features(Slot & slot, int32_t first_row, int32_t pos, int32_t n);
     void flush_features(Slot & slot, DraftSource & src);
@@ -102,10 +105,12 @@ private:
     Slot & idle_slot(int32_t slot, const char * action);
 
     Target & target_;
+    std::string notice_;  // set before drafter_: the drafter is dropped where its taps are missing
     Drafter * drafter_;
     SchedulerParams params_;
     int32_t n_batch_;
     int32_t max_width_;
+    int32_t max_lookup_width_;
     WidthPolicy policy_;
     LookupStats lookup_;
     std::vector<std::unique_ptr<Slot>> slots_;
@@ -118,6 +123,15 @@ private:
     Distribution p_row_;
     std::vector<int32_t> rows_;
     std::vector<int32_t> positions_;
+    // checkpoint rollback: the accepted rows of sequences whose block was rejected, decoded again
+    // at the end of the step (their recurrent state was restored to before the block)
+    struct Replay {
+        int32_t slot;
+        std::vector<int32_t> tokens;
+        Sequence * seq;  // null once it finished
+    };
+    std::vector<Replay> replays_;
+    double step_rollback_ms_ = 0.0;  // this step's checkpoints, restores and replays
 };
 
 }  // namespace dflash

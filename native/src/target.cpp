@@ -3,6 +3,7 @@
 #include "error.h"
 #include "gguf_check.h"
 #include "kernels/kernels_backend.h"
+#include "layer_input_archs.h"
 
 #include "ggml.h"
 #include "llama-ext.h"
@@ -14,10 +15,12 @@
 namespace dflash {
 
 namespace {
-// Architectures whose graph in the pinned llama.cpp records the input of each layer
-// (res->t_layer_inp), so llama_set_embeddings_layer_inp can be used. Others (qwen2, ...) are
-// tapped through the eval callback on their "l_out-<il>" tensors.
-const char * const k_layer_input_archs[] = {"llama", "qwen3", "qwen3moe"};
+// Drafts per verify block a recurrent memory keeps snapshots for when the caller does not say:
+// the widest block the scheduler verifies (a drafter block of 16, or history drafts).
+constexpr int32_t kDefaultVerifyDrafts = 15;
+// What a checkpoint holds of a hybrid memory: its recurrent part only (the attention KV is rolled
+// back by removing cells, as on a dense target).
+constexpr llama_state_seq_flags kCheckpointFlags = LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY;
 }  // namespace
 
 Target::Target(const char * path, const dflash_target_params & params) {
@@ -26,6 +29,9 @@ Target::Target(const char * path, const dflash_target_params & params) {
     }
     if (params.n_seq_max < 1 || params.n_seq_max > 256) {
         fail(DFLASH_ERR_INVALID_ARGUMENT, "n_seq_max must be in 1..256 (got %d)", params.n_seq_max);
+    }
+    if (params.n_verify_max < 0 || params.n_verify_max > 255) {
+        fail(DFLASH_ERR_INVALID_ARGUMENT, "n_verify_max must be in 0..255 (got %d)", params.n_verify_max);
     }
     if (params.tap_source < DFLASH_TAP_AUTO || params.tap_source > DFLASH_TAP_EVAL) {
         fail(DFLASH_ERR_INVALID_ARGUMENT, "unknown tap_source %d", params.tap_source);
@@ -77,6 +83,14 @@ Target::Target(const char * path, const dflash_target_params & params) {
     cp.n_threads_batch = n_threads;
     cp.kv_unified      = true;
     cp.no_perf         = true;
+    // recurrent state: ask for per-token snapshots deep enough for the widest verify block (the
+    // graph keeps the last n_rs_seq + 1 tokens of a decode in one ubatch: n_ubatch > n_rs_seq + 1);
+    // llama.cpp clamps it to 0 for archs whose graph does not write them
+    const bool recurrent_memory = llama_model_is_recurrent(model_) || llama_model_is_hybrid(model_);
+    const int32_t want_drafts = params.n_verify_max > 0 ? params.n_verify_max : kDefaultVerifyDrafts;
+    if (recurrent_memory) {
+        cp.n_rs_seq = uint32_t(std::max(0, std::min(want_drafts, n_batch_ - 2)));
+    }
     if (eval_taps_) {
         cp.cb_eval           = &Target::eval_callback;
         cp.cb_eval_user_data = this;
@@ -88,6 +102,23 @@ Target::Target(const char * path, const dflash_target_params & params) {
         fail(DFLASH_ERR_BACKEND, "could not create a llama.cpp context (n_ctx %d): %s", n_ctx_, why.c_str());
     }
     batch_ = llama_batch_init(n_batch_, 0, 1);
+    if (llama_model_is_diffusion(model_)) {
+        // non-causal attention: a verify block's rows would see the drafts after them
+        rollback_ = recurrent_memory ? Rollback::checkpoint : Rollback::kv;
+        max_verify_drafts_ = 0;
+    } else if (!recurrent_memory) {
+        rollback_ = Rollback::kv;
+        max_verify_drafts_ = n_batch_ - 1;
+    } else if (llama_n_rs_seq(ctx_) > 0) {
+        rollback_ = Rollback::snapshots;
+        max_verify_drafts_ = int32_t(llama_n_rs_seq(ctx_));
+    } else {
+        rollback_ = Rollback::checkpoint;
+        max_verify_drafts_ = n_batch_ - 1;
+    }
+    if (rollback_ == Rollback::checkpoint) {
+        checkpoints_.resize(size_t(n_seq_max_));
+    }
 }
 
 Target::~Target() {
@@ -130,6 +161,9 @@ dflash_target_info Target::info() const {
     out.token_fim_rep = llama_vocab_fim_rep(vocab_);
     out.token_fim_sep = llama_vocab_fim_sep(vocab_);
     out.token_sep     = llama_vocab_sep(vocab_);
+    out.rollback      = int32_t(rollback_);
+    out.n_verify_max  = max_verify_drafts_;
+    out.tap_source    = eval_taps_ ? DFLASH_TAP_EVAL : DFLASH_TAP_LAYER_INPUT;
     return out;
 }
 
@@ -249,8 +283,10 @@ void Target::set_taps(const std::vector<int32_t> & layers) {
     }
     tap_layers_ = layers;
     tap_names_.clear();
+    tap_alt_names_.clear();
     for (int32_t l : layers) {
         tap_names_.push_back("l_out-" + std::to_string(l - 1));
+        tap_alt_names_.push_back("l_last-" + std::to_string(l - 1));
     }
     tap_data_.assign(layers.size(), {});
     last_n_rows_ = 0;
@@ -260,20 +296,43 @@ bool Target::eval_callback(struct ggml_tensor * t, bool ask, void * user) {
     auto * self = static_cast<Target *>(user);
     const char * name = ggml_get_name(t);
     for (size_t i = 0; i < self->tap_names_.size(); ++i) {
-        if (self->tap_names_[i] != name) {
+        // a layer's output is "l_out-<il>"; graphs with hyper-connections (qwen4exp) call it "l_last-<il>"
+        if (self->tap_names_[i] != name && self->tap_alt_names_[i] != name) {
             continue;
         }
         if (ask) {
             return true;
         }
-        // one call per ubatch: append its rows (F32, [n_embd, n_rows])
-        if (t->type != GGML_TYPE_F32 || t->ne[0] != self->n_embd_) {
+        // one call per ubatch: append its rows (F32, [n_embd, n_rows]); a graph with
+        // hyper-connections carries [n_embd, n_streams, n_rows]: the hidden state is their mean,
+        // as the pinned tree's own layer input of such a graph (deepseek4's build_hc_mean)
+        if (t->type != GGML_TYPE_F32 || t->ne[0] != self->n_embd_ || !ggml_is_contiguous(t) || t->ne[3] != 1) {
             return true;  // unexpected layout: leave the rows missing, decode() reports it
         }
         auto & dst = self->tap_data_[i];
         const size_t old = dst.size();
-        dst.resize(old + size_t(ggml_nelements(t)));
-        ggml_backend_tensor_get(t, dst.data() + old, 0, ggml_nbytes(t));
+        const int64_t H = t->ne[0];
+        if (t->ne[2] == 1) {  // [n_embd, n_rows]
+            dst.resize(old + size_t(ggml_nelements(t)));
+            ggml_backend_tensor_get(t, dst.data() + old, 0, ggml_nbytes(t));
+            return true;
+        }
+        const int64_t n_streams = t->ne[1], n_rows = t->ne[2];
+        std::vector<float> all(size_t(ggml_nelements(t)));
+        ggml_backend_tensor_get(t, all.data(), 0, ggml_nbytes(t));
+        dst.resize(old + size_t(n_rows * H), 0.0f);
+        for (int64_t r = 0; r < n_rows; ++r) {
+            float * out = dst.data() + old + size_t(r * H);
+            for (int64_t s = 0; s < n_streams; ++s) {
+                const float * in = all.data() + size_t((r * n_streams + s) * H);
+                for (int64_t h = 0; h < H; ++h) {
+                    out[h] += in[h];
+                }
+            }
+            for (int64_t h = 0; h < H; ++h) {
+                out[h] /= float(n_streams);
+            }
+        }
         return true;
     }
     return !ask;  // not a tap: don't stop the graph for it
@@ -287,6 +346,9 @@ const float * Target::tap_rows(int32_t tap_index, int32_t * n_rows) const {
         fail(DFLASH_ERR_INVALID_ARGUMENT, "no decode has run since the taps were set");
     }
     *n_rows = last_n_rows_;
+    if (merged_) {
+        return merged_taps_[size_t(tap_index)].data();
+    }
     if (eval_taps_) {
         return tap_data_[size_t(tap_index)].data();
     }
@@ -321,6 +383,13 @@ void Target::decode_chunks(const std::vector<Chunk> & chunks) {
     if (total <= 0 || total > n_batch_) {
         fail(DFLASH_ERR_INVALID_ARGUMENT, "%d tokens do not fit the batch size %d", total, n_batch_);
     }
+    const bool one_by_one = recurrent() && chunks.size() > 1;
+    if (one_by_one) {
+        merged_logit_row_.assign(size_t(total), -1);
+        merged_logits_.clear();
+        merged_taps_.assign(tap_layers_.size(), {});
+    }
+    int32_t first_row = 0;
     batch_.n_tokens = 0;
     for (const auto & c : chunks) {
         const int32_t start = llama_memory_seq_pos_max(llama_get_memory(ctx_), c.seq_id) + 1;
@@ -328,8 +397,43 @@ void Target::decode_chunks(const std::vector<Chunk> & chunks) {
             add_row(c.seq_id, c.tokens[i], start + i,
                     c.logits == LOGITS_ALL || (c.logits == LOGITS_LAST && i == c.n - 1));
         }
+        if (one_by_one) {
+            run_batch();
+            keep_outputs(first_row);
+            first_row += c.n;
+            batch_.n_tokens = 0;
+        }
     }
-    run_batch();
+    if (!one_by_one) {
+        run_batch();
+        return;
+    }
+    last_has_logits_.assign(size_t(total), false);
+    for (int32_t r = 0; r < total; ++r) {
+        last_has_logits_[size_t(r)] = merged_logit_row_[size_t(r)] >= 0;
+    }
+    last_n_rows_ = total;
+    merged_ = true;
+}
+
+void Target::keep_outputs(int32_t first_row) {
+    const int32_t n = last_n_rows_;
+    for (int32_t r = 0; r < n; ++r) {
+        if (!last_has_logits_[size_t(r)]) {
+            continue;
+        }
+        const float * row = llama_get_logits_ith(ctx_, r);
+        if (!row) {
+            fail(DFLASH_ERR_INTERNAL, "llama.cpp returned no logits for row %d", r);
+        }
+        merged_logit_row_[size_t(first_row + r)] = int32_t(merged_logits_.size() / size_t(n_vocab_));
+        merged_logits_.insert(merged_logits_.end(), row, row + n_vocab_);
+    }
+    for (size_t k = 0; k < tap_layers_.size(); ++k) {
+        const float * rows = eval_taps_ ? tap_data_[k].data()
+                                        : llama_get_embeddings_layer_inp(ctx_, uint32_t(tap_layers_[k]));
+        merged_taps_[k].insert(merged_taps_[k].end(), rows, rows + size_t(n) * size_t(n_embd_));
+    }
 }
 
 void Target::add_row(int32_t seq_id, int32_t token, int32_t pos, bool logits) {
@@ -347,6 +451,7 @@ void Target::add_row(int32_t seq_id, int32_t token, int32_t pos, bool logits) {
 
 void Target::run_batch() {
     const int32_t n = batch_.n_tokens;
+    merged_ = false;
     for (auto & rows : tap_data_) {
         rows.clear();
     }
@@ -378,6 +483,9 @@ const float * Target::logits(int32_t row) const {
     if (row < 0 || row >= last_n_rows_ || !last_has_logits_[size_t(row)]) {
         fail(DFLASH_ERR_INVALID_ARGUMENT, "no logits for row %d of the last decode (%d rows)", row, last_n_rows_);
     }
+    if (merged_) {
+        return merged_logits_.data() + size_t(merged_logit_row_[size_t(row)]) * size_t(n_vocab_);
+    }
     const float * out = llama_get_logits_ith(ctx_, row);
     if (!out) {
         fail(DFLASH_ERR_INTERNAL, "llama.cpp returned no logits for row %d", row);
@@ -399,6 +507,68 @@ void Target::rollback(int32_t seq_id, int32_t pos) {
         fail(DFLASH_ERR_UNSUPPORTED, "this target's memory cannot be rolled back to position %d", pos);
     }
     // the last decode's logits and taps stay readable: they are outputs, not cache state
+}
+
+void Target::checkpoint(int32_t seq_id) {
+    check_seq(seq_id);
+    if (rollback_ != Rollback::checkpoint) {
+        fail(DFLASH_ERR_INVALID_ARGUMENT, "this target rolls back without checkpoints");
+    }
+    auto & buf = checkpoints_[size_t(seq_id)];
+    const size_t n = llama_state_seq_get_size_ext(ctx_, seq_id, kCheckpointFlags);
+    buf.resize(n);
+    if (n == 0 || llama_state_seq_get_data_ext(ctx_, buf.data(), n, seq_id, kCheckpointFlags) != n) {
+        buf.clear();
+        fail(DFLASH_ERR_BACKEND, "could not save the recurrent state of sequence %d", seq_id);
+    }
+}
+
+void Target::restore_checkpoint(int32_t seq_id, int32_t pos) {
+    check_seq(seq_id);
+    auto & buf = checkpoints_.at(size_t(seq_id));
+    if (buf.empty()) {
+        fail(DFLASH_ERR_INVALID_ARGUMENT, "sequence %d has no checkpoint", seq_id);
+    }
+    if (llama_state_seq_set_data_ext(ctx_, buf.data(), buf.size(), seq_id, kCheckpointFlags) != buf.size()) {
+        fail(DFLASH_ERR_BACKEND, "could not restore the recurrent state of sequence %d", seq_id);
+    }
+    buf.clear();  // a checkpoint is used once: the next verify block takes a new one
+    // the recurrent part now ends before pos; this drops the attention KV of the block
+    rollback(seq_id, pos);
+}
+
+bool Target::probe_taps(const std::vector<int32_t> & layers, std::string * why) {
+    if (layers.empty()) {
+        return true;
+    }
+    const std::vector<int32_t> before = tap_layers_;
+    set_taps(layers);
+    rollback(0, 0);
+    const int32_t token = 0;
+    bool ok = true;
+    try {
+        decode(0, &token, nullptr, 1, false);
+    } catch (const Error & e) {
+        ok = false;
+        if (why) {
+            // decode() names the tap that came out empty: say it as the user should read it
+            int32_t missing = layers.front();
+            for (size_t i = 0; i < layers.size() && eval_taps_; ++i) {
+                if (tap_data_[i].size() != size_t(n_embd_)) {
+                    missing = layers[i];
+                    break;
+                }
+            }
+            const std::string arch = meta("general.architecture");
+            char buf[256];
+            snprintf(buf, sizeof(buf), "this target's graph (%s) exposes no hidden states at layer %d", arch.c_str(),
+                     missing);
+            *why = buf;
+        }
+    }
+    rollback(0, 0);
+    set_taps(before);
+    return ok;
 }
 
 }  // namespace dflash

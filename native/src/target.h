@@ -1,5 +1,12 @@
 // The target model: a GGUF loaded through libllama plus one context, with the hidden-state taps
-// a DFlash drafter feeds on and exact KV rollback.
+// a DFlash drafter feeds on and exact rollback of rejected rows, whatever memory the model has:
+//   - attention KV: the rejected cells are removed;
+//   - recurrent / hybrid memory whose graph keeps per-token state snapshots (llama.cpp's n_rs_seq,
+//     sized at load to the widest verify block): the state is read back from the snapshot of the
+//     last accepted row, at no extra cost;
+//   - other recurrent / hybrid memory: the sequence's recurrent state is saved before a verify
+//     block (checkpoint) and, after a rejection, restored; the caller decodes the accepted rows
+//     again (replay).
 #pragma once
 
 #include "dflash.h"
@@ -11,6 +18,8 @@
 #include <vector>
 
 namespace dflash {
+
+enum class Rollback : int32_t { kv = 0, snapshots = 1, checkpoint = 2 };
 
 class Target {
 public:
@@ -56,7 +65,23 @@ public:
     int32_t last_n_rows() const { return last_n_rows_; }
 
     int32_t seq_pos_max(int32_t seq_id) const;
+    // Drop positions >= pos of the sequence. pos 0 always works; a recurrent memory rolls back
+    // only the rows of its last decode (snapshots) or to a restored checkpoint.
     void    rollback(int32_t seq_id, int32_t pos);
+
+    Rollback rollback_kind() const { return rollback_; }
+    // Most drafts one verify block may carry and still be rolled back (snapshots: their depth).
+    int32_t max_verify_drafts() const { return max_verify_drafts_; }
+    // The memory holds recurrent state: a prefix of a sequence cannot be kept by cutting its end.
+    bool recurrent() const { return rollback_ != Rollback::kv; }
+    // Checkpoint rollback: save the sequence's recurrent state (before a verify block), and put
+    // it back, dropping every position >= pos (pos: the first verified row's).
+    void checkpoint(int32_t seq_id);
+    void restore_checkpoint(int32_t seq_id, int32_t pos);
+    // Decode one row with the taps on and check that each tap layer's hidden states come out
+    // (then clears sequence 0): false + why when this graph exposes none at some layer.
+    bool probe_taps(const std::vector<int32_t> & layers, std::string * why);
+    const char * tap_mode() const { return eval_taps_ ? "eval-callback" : "layer-input"; }
 
     int32_t n_vocab() const { return n_vocab_; }
     int32_t n_embd() const { return n_embd_; }
@@ -67,6 +92,7 @@ private:
     static bool eval_callback(struct ggml_tensor * t, bool ask, void * user);
     void add_row(int32_t seq_id, int32_t token, int32_t pos, bool logits);
     void run_batch();
+    void keep_outputs(int32_t first_row);  // copy the last decode's logits and taps (merged decodes)
     bool arch_has_layer_inputs() const;
     void check_seq(int32_t seq_id) const;
 
@@ -79,9 +105,21 @@ private:
 
     std::vector<int32_t>            tap_layers_;
     std::vector<std::string>        tap_names_;  // eval mode: "l_out-<layer-1>"
+    std::vector<std::string>        tap_alt_names_;  // the same layer's "l_last-<layer-1>"
     std::vector<std::vector<float>> tap_data_;   // eval mode: rows of the last decode
     int32_t last_n_rows_ = 0;
     std::vector<bool> last_has_logits_;  // per row of the last decode
+
+    Rollback rollback_ = Rollback::kv;
+    int32_t  max_verify_drafts_ = 0;
+    std::vector<std::vector<uint8_t>> checkpoints_;  // per sequence (checkpoint rollback)
+
+    // several sequences on recurrent memory are decoded one by one (llama.cpp splits them into
+    // equal-length ubatches, whose taps would come out in ubatch order): outputs are copied here
+    bool merged_ = false;
+    std::vector<int32_t> merged_logit_row_;  // per row: index into merged_logits_, -1 none
+    std::vector<float> merged_logits_;
+    std::vector<std::vector<float>> merged_taps_;
 };
 
 }  // namespace dflash

@@ -144,6 +144,12 @@ void WidthPolicy::observe_inject(int32_t n_rows, double t_ms) {
     }
 }
 
+void WidthPolicy::observe_rollback(double t_ms) {
+    if (t_ms >= 0.0) {
+        update_mean(t_rollback_, n_rollback_, t_ms);
+    }
+}
+
 void WidthPolicy::observe_step(StepKind kind, int32_t n_committed, double t_ms) {
     if (n_committed <= 0 || !(t_ms > 0.0)) {
         close_episode();
@@ -459,7 +465,7 @@ double WidthPolicy::throughput(const std::vector<Candidate> & seqs, const std::v
     }
     const double t_target = fractional_ms(rows, priced);
     const double t_block = width == 0 ? 0.0 : draft_ms(width);
-    const double t_draft = t_block < 0.0 ? t_block : t_block + (width == 0 ? 0.0 : inject_ms());
+    const double t_draft = t_block < 0.0 ? t_block : t_block + (width == 0 ? 0.0 : inject_ms() + rollback_ms());
     if (t_target <= 0.0 || t_draft < 0.0) {
         return -1.0;  // unknown
     }

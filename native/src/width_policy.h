@@ -6,9 +6,12 @@
 // draft is accepted given the earlier ones were,
 //
 //     expected tokens     E(w) = sum_s (1 + sum_{i<=k_s} prod_{j<=i} a_{s,j})
-//     expected time       C(w) = T(R) + n * (D(w) + I)    (T: target batch, D: one drafter block,
+//     expected time       C(w) = T(R) + n * (D(w) + I + B) (T: target batch, D: one drafter block,
 //                                                          I: the injection of what was committed
-//                                                          since the sequence's last block)
+//                                                          since the sequence's last block,
+//                                                          B: what rolling a block back costs beyond
+//                                                          the verify: a recurrent target's
+//                                                          checkpoint, restore and replay)
 //     throughput          E(w) / C(w),          w = 0: n / T(n), the drafter is not run at all
 //
 // T(R) is learned per row count from every step (running mean of recent steps, interpolated
@@ -91,6 +94,9 @@ public:
     // The injection before one block: the features of the n_rows rows the sequence committed since
     // its last block (lookup and plain steps too), which every block pays on top of its own cost.
     void observe_inject(int32_t n_rows, double t_ms);
+    // What one drafting sequence's rollback cost in a step beyond its verify (checkpoint rollback:
+    // the state saved, restored after a rejection, the accepted rows decoded again).
+    void observe_rollback(double t_ms);
     // One verified draft: n_offered drafts, the first n_accepted accepted.
     void observe_accept(int32_t n_offered, int32_t n_accepted);
     // One decode step under auto without prefill rows, as it really ran: its committed tokens and
@@ -113,6 +119,7 @@ public:
     double target_ms(int32_t rows) const;
     double draft_ms(int32_t width) const;   // the block alone
     double inject_ms() const { return n_inject_ > 0 ? t_inject_ : 0.0; }  // per block, mean
+    double rollback_ms() const { return n_rollback_ > 0 ? t_rollback_ : 0.0; }  // per drafted block, mean
     std::vector<double> alphas(const AcceptanceCounts * own) const;
 
     // What the policy has learned, to remember across processes.
@@ -153,6 +160,8 @@ private:
     bool trimming_ = false;        // the last choose() had sequences whose blocks are trimmed
     double t_inject_ = 0.0;        // running mean ms of the injection before a block
     int32_t n_inject_ = 0;
+    double t_rollback_ = 0.0;      // running mean ms of a drafted block's rollback beyond its verify
+    int32_t n_rollback_ = 0;
     AcceptanceCounts global_;
     std::vector<double> profile_;  // measured acceptance by position (empty: the blind prior)
     int32_t steps_since_probe_ = 0;

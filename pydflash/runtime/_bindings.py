@@ -44,7 +44,7 @@ except ImportError as exc:
         _msg = f"pydflash's native extension (pydflash._native) does not load ({exc}): {_BUILD_HINT}"
     raise NativeExtensionError(_msg, name="pydflash._native") from exc
 
-ABI_VERSION = 6
+ABI_VERSION = 7
 
 if lib.dflash_abi_version() != ABI_VERSION:  # pragma: no cover - a broken install
     raise NativeExtensionError(
