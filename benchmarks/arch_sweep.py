@@ -23,6 +23,9 @@ import arch_fixtures  # noqa: E402
 import pydflash  # noqa: E402
 
 
+MODES = ("drafter", "defaults", "history")  # n_max 7 with a drafter; auto with it; history drafts only
+
+
 def plain_greedy(target: pydflash.Target, prompt: list[int], n: int) -> tuple[list[int], list[np.ndarray]]:
     target.rollback(0)
     target.decode(prompt)
@@ -73,26 +76,32 @@ def main() -> int:
             results[name] = row
             print(f"{name:28s} plain FAILED {row['plain']}")
             continue
-        for mode in ("drafter", "history"):
+        for mode in MODES:
             try:
-                drafter = str(arch_fixtures.drafter_for(path)) if mode == "drafter" else None
-                with pydflash.Engine(str(path), drafter, n_ctx=256, n_threads=2, n_max=7,
+                drafter = None if mode == "history" else str(arch_fixtures.drafter_for(path))
+                with pydflash.Engine(str(path), drafter, n_ctx=256, n_threads=2,
+                                     n_max="auto" if mode == "defaults" else 7,
                                      lookup=1 if mode == "history" else None) as e:
                     r = e.generate(prompt, max_tokens=args.n, temperature=0, ignore_eos=True)
+                    row["rollback"] = e.target.info.rollback
+                    row["taps"] = e.target.info.tap_source
+                    if r.stats.notice:
+                        row["notice"] = r.stats.notice
                 ok, i, gap = tie_ok(want, list(r.tokens), rows)
                 row[mode] = "equal" if list(r.tokens) == want else (f"tie@{i}" if ok else f"DIFF@{i} gap {gap:.3g}")
                 row[mode + "_drafted"] = r.stats.n_drafted
                 row[mode + "_accepted"] = r.stats.n_accepted
+                row[mode + "_replayed"] = r.stats.n_replayed
             except Exception as e:  # noqa: BLE001
                 row[mode] = f"{type(e).__name__}: {str(e)[:160]}"
         results[name] = row
-        print(f"{name:28s} {row.get('drafter')!s:40.40s} {row.get('history')!s:40.40s}", flush=True)
+        print(f"{name:24s} {row.get('rollback', '-')!s:10s} {row.get('taps', '-')!s:11s} "
+              + " ".join(f"{m}={str(row.get(m))[:40]} ({row.get(m + '_accepted', 0)}/{row.get(m + '_drafted', 0)})"
+                         for m in MODES) + (" | " + str(row["notice"]) if "notice" in row else ""), flush=True)
     n = len(results)
-    summary = {m: sum(1 for r in results.values() if str(r.get(m, "")).startswith(("equal", "tie"))) for m in
-               ("drafter", "history")}
+    summary = {m: sum(1 for r in results.values() if str(r.get(m, "")).startswith(("equal", "tie"))) for m in MODES}
     summary["plain"] = sum(1 for r in results.values() if r.get("plain") == "ok")
-    print(f"of {n}: plain ok {summary['plain']}, drafter == plain {summary['drafter']}, "
-          f"history == plain {summary['history']}")
+    print(f"of {n}: plain ok {summary['plain']}, " + ", ".join(f"{m} == plain {summary[m]}" for m in MODES))
     if args.json:
         Path(args.json).write_text(json.dumps({"summary": summary, "results": results}, indent=1))
     return 0

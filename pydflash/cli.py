@@ -73,6 +73,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
                         verbose=args.verbose)
     for note in notes:
         print(f"[pydflash] note: {note.message}", file=sys.stderr)
+    if engine.scheduler is not None and engine.scheduler.notice:
+        print(f"[pydflash] note: {engine.scheduler.notice}", file=sys.stderr)
     with engine:
         target = engine.target
         prompt = target.apply_chat_template([{"role": "user", "content": args.prompt}]) if args.chat else args.prompt

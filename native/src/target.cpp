@@ -9,6 +9,7 @@
 #include "llama-ext.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <thread>
 
@@ -63,6 +64,14 @@ Target::Target(const char * path, const dflash_target_params & params) {
     n_batch_   = std::min(params.n_batch > 0 ? params.n_batch : 512, n_ctx_);
     n_seq_max_ = params.n_seq_max;
 
+    {  // hyper-connections: the residual is several streams of n_embd (their mean is the hidden state)
+        char arch[64] = {0}, value[32] = {0};
+        llama_model_meta_val_str(model_, "general.architecture", arch, sizeof(arch));
+        const std::string key = std::string(arch) + ".hyper_connection.count";
+        if (llama_model_meta_val_str(model_, key.c_str(), value, sizeof(value)) > 0) {
+            n_streams_ = std::max(1, atoi(value));
+        }
+    }
     eval_taps_ = params.tap_source == DFLASH_TAP_EVAL ||
                  (params.tap_source == DFLASH_TAP_AUTO && !arch_has_layer_inputs());
     if (params.tap_source == DFLASH_TAP_LAYER_INPUT && !arch_has_layer_inputs()) {
@@ -312,7 +321,7 @@ bool Target::eval_callback(struct ggml_tensor * t, bool ask, void * user) {
         auto & dst = self->tap_data_[i];
         const size_t old = dst.size();
         const int64_t H = t->ne[0];
-        if (t->ne[2] == 1) {  // [n_embd, n_rows]
+        if (self->n_streams_ <= 1 || t->ne[1] != self->n_streams_) {  // [n_embd, n_rows]
             dst.resize(old + size_t(ggml_nelements(t)));
             ggml_backend_tensor_get(t, dst.data() + old, 0, ggml_nbytes(t));
             return true;

@@ -102,6 +102,7 @@ private:
     llama_batch         batch_{};
     int32_t n_vocab_ = 0, n_embd_ = 0, n_layer_ = 0, n_ctx_ = 0, n_batch_ = 0, n_seq_max_ = 1;
     bool    eval_taps_ = false;  // true: taps come from the graph eval callback
+    int32_t n_streams_ = 1;      // residual streams of a graph with hyper-connections
 
     std::vector<int32_t>            tap_layers_;
     std::vector<std::string>        tap_names_;  // eval mode: "l_out-<layer-1>"

@@ -46,6 +46,9 @@ class Stats:
     n_lookup_drafted: int = 0  # of n_drafted: proposed from the sequence's own history (lookup)
     n_lookup_accepted: int = 0  # of n_accepted: such tokens accepted
     n_trimmed: int = 0  # drafter drafts not verified (auto's trim by the drafter's confidence, or p_min)
+    t_rollback_ms: float = 0.0  # recurrent targets' checkpoint rollback: saves, restores, replays
+    n_replayed: int = 0  # rows decoded again after a rejection (checkpoint rollback)
+    notice: str = ""  # why speculation is off for this target / drafter pair ("" when it is not)
 
     @property
     def tokens_per_second(self) -> float:
@@ -78,6 +81,8 @@ class Stats:
             n_lookup_drafted=st.n_lookup_drafted,
             n_lookup_accepted=st.n_lookup_accepted,
             n_trimmed=st.n_trimmed,
+            t_rollback_ms=st.t_rollback_ms,
+            n_replayed=st.n_replayed,
         )
 
 

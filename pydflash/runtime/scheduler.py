@@ -13,6 +13,7 @@ step-loop thread).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from typing import Callable, Sequence
@@ -97,6 +98,9 @@ class Scheduler:
         out = ffi.new("dflash_scheduler **")
         check(lib.dflash_scheduler_create(target._h(), drafter._h() if drafter is not None else ffi.NULL, params, out))
         self._handle = out[0]
+        # why the drafter is not used ("" when it is): the CLI and the server say it once; every
+        # result's Stats carries it
+        self.notice = ffi.string(lib.dflash_scheduler_notice(self._handle)).decode("utf-8", "replace")
         self._callbacks: dict[int, object] = {}  # cffi handles kept alive until the output is taken
         self._failures: dict[int, list[BaseException]] = {}
 
@@ -204,6 +208,8 @@ class Scheduler:
         result = generation.take_output(out[0])
         if failure:
             raise failure[0]
+        if self.notice:
+            result = dataclasses.replace(result, stats=dataclasses.replace(result.stats, notice=self.notice))
         return result
 
     def probs(self, seq_id: int, first: int = 0) -> list[generation.TokenProbs]:

@@ -45,6 +45,15 @@ class TargetInfo:
     token_fim_rep: int = -1
     token_fim_sep: int = -1
     token_sep: int = -1
+    # how rejected verify rows leave the target's memory: "kv" (attention cells removed),
+    # "snapshots" (recurrent state kept per verified row), "checkpoint" (recurrent state saved
+    # before a block, restored and the accepted rows decoded again after a rejection)
+    rollback: str = "kv"
+    n_verify_max: int = 0  # most drafts one verify block may carry (0: the target cannot verify drafts)
+    tap_source: str = "layer_input"  # how hidden states are read: "layer_input" or "eval"
+
+
+_ROLLBACKS = {0: "kv", 1: "snapshots", 2: "checkpoint"}
 
 
 Message = dict  # {"role": str, "content": str}
@@ -138,6 +147,9 @@ class Target(NativeObject):
             token_fim_rep=info.token_fim_rep,
             token_fim_sep=info.token_fim_sep,
             token_sep=info.token_sep,
+            rollback=_ROLLBACKS.get(info.rollback, "kv"),
+            n_verify_max=info.n_verify_max,
+            tap_source={v: k for k, v in _TAP_SOURCES.items()}.get(info.tap_source, "eval"),
         )
 
 

@@ -230,6 +230,7 @@ class StepLoop:
             engine.close()
             raise
         self.engine = engine
+        print(f"pydflash serve: {describe_speculation(engine)}", file=sys.stderr, flush=True)
         with engine.target.lock:
             self._snapshot()
 
@@ -573,3 +574,22 @@ def _deliver(events: list[tuple[Job, str, Any]]) -> None:
     """On the event loop: one step's events, in order."""
     for job, kind, payload in events:
         job.put(kind, payload)
+
+
+def describe_speculation(engine) -> str:  # type: ignore[no-untyped-def]
+    """One line for the startup log: the drafter and width policy in use, how the target rolls
+    rejected rows back, and why speculation is off where it is."""
+    import os
+
+    sched = engine.scheduler
+    info = engine.target.info
+    used = engine.drafter is not None and not (sched is not None and sched.notice)
+    drafter = os.path.basename(engine.drafter.path) if used else "none"
+    width = "auto" if engine.auto_n_max else f"n_max {engine.n_max}"
+    lookup = sched.lookup if sched is not None else 0
+    line = (f"drafter {drafter}, width {width}, history drafts {'on' if lookup else 'off'}, "
+            f"rollback {info.rollback} (up to {info.n_verify_max} drafts), taps {info.tap_source}")
+    if sched is not None and sched.notice:
+        line += f"; note: {sched.notice}"
+    return line
+
