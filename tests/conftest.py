@@ -110,6 +110,17 @@ LOGPROB_TOL = 1.5  # |log p| of the same candidate, default kernels vs llama.cpp
 EMBED_COSINE = 0.998  # mean-pooled embeddings, default kernels vs llama.cpp (measured >= 0.9994)
 
 
+# Costs injected into auto's width policy by the tests of its decisions (Scheduler.fix_costs), so
+# they give the same verdict on a busy machine: SmolLM2-135M's on a 2-core AVX2 machine (a one-row
+# step 11.9 ms, each further row about 5 ms: testing-notes' c(k)), a drafter block 3 ms.
+FIXED_ROW_MS = [11.9 + 5.0 * (r - 1) for r in range(1, 257)]
+FIXED_DRAFT_MS = [3.0] * 15
+
+
+def fix_costs(engine) -> None:  # type: ignore[no-untyped-def]
+    engine.scheduler.fix_costs(FIXED_ROW_MS, FIXED_DRAFT_MS)
+
+
 def reference_logits(target, prompt_tokens: list[int], tokens: list[int], bias=None):  # type: ignore[no-untyped-def]
     """target's next-token logits (float64) after prompt + tokens; bias: {token: add} (-inf bans),
     as llama.cpp's logit-bias sampler applies it."""

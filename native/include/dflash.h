@@ -721,6 +721,12 @@ const char * dflash_scheduler_notice(const dflash_scheduler * scheduler);
 
 dflash_status dflash_scheduler_set_capture(dflash_scheduler * scheduler, const int32_t * layers, int32_t n);
 dflash_status dflash_scheduler_get_tuning(const dflash_scheduler * scheduler, dflash_tuning * out);
+/* Fixed costs for auto's width policy in place of measured ones (tests, reproducible runs):
+ * t_rows_ms[r - 1] = a target step of r rows, t_draft_ms[w - 1] = a drafter block of width w.
+ * From then on it learns no timing (acceptance still), so its decisions do not depend on how busy
+ * the machine is. */
+dflash_status dflash_scheduler_fix_costs(dflash_scheduler * scheduler, const float * t_rows_ms, int32_t n_rows,
+                                        const float * t_draft_ms, int32_t n_widths);
 dflash_status dflash_scheduler_set_tuning(dflash_scheduler * scheduler, const dflash_tuning * tuning);
 
 /* ---------------------------------------------------------------------------------------------

@@ -556,6 +556,16 @@ dflash_status dflash_scheduler_set_capture(dflash_scheduler * scheduler, const i
     });
 }
 
+dflash_status dflash_scheduler_fix_costs(dflash_scheduler * scheduler, const float * t_rows_ms, int32_t n_rows,
+                                        const float * t_draft_ms, int32_t n_widths) {
+    return guarded([&] {
+        require(scheduler && (t_rows_ms || n_rows == 0) && (t_draft_ms || n_widths == 0) && n_rows >= 0 &&
+                n_widths >= 0, "invalid argument");
+        scheduler->impl->policy().fix_costs(std::vector<double>(t_rows_ms, t_rows_ms + n_rows),
+                                            std::vector<double>(t_draft_ms, t_draft_ms + n_widths));
+    });
+}
+
 dflash_status dflash_scheduler_set_tuning(dflash_scheduler * scheduler, const dflash_tuning * tuning) {
     return guarded([&] {
         require(scheduler && tuning, "NULL argument");

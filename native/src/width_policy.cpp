@@ -94,7 +94,31 @@ void WidthPolicy::observe_prefill() {
     pending_rows_ = 0;
 }
 
+void WidthPolicy::fix_costs(const std::vector<double> & t_rows_ms, const std::vector<double> & t_draft_ms) {
+    constexpr int32_t kFixed = 1 << 20;  // as many samples as never to be outweighed
+    for (size_t r = 1; r <= t_rows_ms.size() && r <= size_t(max_rows_); ++r) {
+        if (t_rows_ms[r - 1] > 0.0) {
+            t_rows_[r] = t_rows_ms[r - 1];
+            n_rows_[r] = kFixed;
+        }
+    }
+    for (size_t w = 1; w <= t_draft_ms.size() && w <= size_t(max_width_); ++w) {
+        if (t_draft_ms[w - 1] > 0.0) {
+            t_draft_[w] = t_draft_ms[w - 1];
+            n_draft_[w] = kFixed;
+        }
+    }
+    t_inject_ = 0.0;
+    n_inject_ = 0;
+    t_rollback_ = 0.0;
+    n_rollback_ = 0;
+    costs_fixed_ = true;
+}
+
 void WidthPolicy::observe_target(int32_t rows, double t_ms) {
+    if (costs_fixed_) {
+        return;
+    }
     if (rows < 1 || rows > max_rows_ || !(t_ms > 0.0)) {
         return;
     }
@@ -132,26 +156,26 @@ void WidthPolicy::observe_target(int32_t rows, double t_ms) {
 }
 
 void WidthPolicy::observe_draft(int32_t width, double t_ms) {
-    if (width >= 1 && width <= max_width_ && t_ms > 0.0) {
+    if (!costs_fixed_ && width >= 1 && width <= max_width_ && t_ms > 0.0) {
         update_mean(t_draft_[size_t(width)], n_draft_[size_t(width)], t_ms);
     }
 }
 
 void WidthPolicy::observe_inject(int32_t n_rows, double t_ms) {
     // a catch-up after drafting was off (a probe) is not what a block pays while drafting is on
-    if (n_rows >= 0 && n_rows <= kMaxInjectRows && t_ms >= 0.0) {
+    if (!costs_fixed_ && n_rows >= 0 && n_rows <= kMaxInjectRows && t_ms >= 0.0) {
         update_mean(t_inject_, n_inject_, t_ms);
     }
 }
 
 void WidthPolicy::observe_rollback(double t_ms) {
-    if (t_ms >= 0.0) {
+    if (!costs_fixed_ && t_ms >= 0.0) {
         update_mean(t_rollback_, n_rollback_, t_ms);
     }
 }
 
 void WidthPolicy::observe_step(StepKind kind, int32_t n_committed, double t_ms) {
-    if (n_committed <= 0 || !(t_ms > 0.0)) {
+    if (costs_fixed_ || n_committed <= 0 || !(t_ms > 0.0)) {  // fixed costs: no measured episodes either
         close_episode();
         return;
     }

@@ -108,6 +108,10 @@ public:
     // switches: what the model leaves out) is turned off like a width that does not pay.
     enum class StepKind { kPlain, kDrafted, kHistory };
     void observe_step(StepKind kind, int32_t n_committed, double t_ms);
+    // Fixed costs in place of measured ones (tests, reproducible runs): t_rows_ms[r - 1] a target
+    // step of r rows, t_draft_ms[w - 1] a drafter block of width w; from then on no timing is
+    // learned (acceptance still is), so every decision is the same on a busy machine.
+    void fix_costs(const std::vector<double> & t_rows_ms, const std::vector<double> & t_draft_ms);
     // A probe step finished: keep probing rarely if speculation still does not pay.
     void probe_done();
 
@@ -160,6 +164,7 @@ private:
     bool trimming_ = false;        // the last choose() had sequences whose blocks are trimmed
     double t_inject_ = 0.0;        // running mean ms of the injection before a block
     int32_t n_inject_ = 0;
+    bool costs_fixed_ = false;
     double t_rollback_ = 0.0;      // running mean ms of a drafted block's rollback beyond its verify
     int32_t n_rollback_ = 0;
     AcceptanceCounts global_;

@@ -302,6 +302,15 @@ class Scheduler:
         check(lib.dflash_scheduler_get_tuning(self._h(), t))
         return {name: [float(x) for x in getattr(t, name)] for name in _TUNING_FIELDS}
 
+    def fix_costs(self, t_rows_ms: Sequence[float], t_draft_ms: Sequence[float]) -> None:
+        """Price auto's decisions with these costs instead of measured ones (tests, reproducible
+        runs): ``t_rows_ms[r - 1]`` a target step of r rows, ``t_draft_ms[w - 1]`` a drafter block of
+        width w. Timings are no longer learned (acceptance still is)."""
+        rows = [float(x) for x in t_rows_ms]
+        drafts = [float(x) for x in t_draft_ms]
+        check(lib.dflash_scheduler_fix_costs(self._h(), ffi.new("float[]", rows) if rows else ffi.NULL, len(rows),
+                                             ffi.new("float[]", drafts) if drafts else ffi.NULL, len(drafts)))
+
     def set_tuning(self, state: dict) -> None:
         """Start auto mode from a ``tuning()`` taken earlier (e.g. by another process)."""
         t = ffi.new("dflash_tuning *")
