@@ -177,3 +177,27 @@ def test_hybrid_sampled_distribution(targets, name):  # type: ignore[no-untyped-
         table = table[:, table.sum(axis=0) > 0]
         pvalue = chi2_contingency(table)[1]
         assert pvalue > 1e-3, f"{name}: position {p} distributions differ (p = {pvalue:.2e})"
+
+
+def test_converter_copies_a_fixture_tokenizer(targets, tmp_path):  # type: ignore[no-untyped-def]
+    """The fixtures' tokenizer carries an empty merges array, which the GGUF writer refuses: the
+    converter leaves empty arrays out, so a drafter with the target's tokenizer (what llama-server
+    loads) converts."""
+    from fixtures_tiny import tiny_config, write_checkpoint
+
+    from pydflash.formats.convert import convert, read_gguf_header, read_target_gguf
+
+    path = targets["qwen35-dense"]
+    info = read_target_gguf(path)
+    cfg = tiny_config("dflash2", hidden_size=info.hidden_size, num_hidden_layers=1, num_attention_heads=4,
+                      num_key_value_heads=2, head_dim=info.hidden_size // 4, intermediate_size=64,
+                      vocab_size=info.vocab_size, target_layer_ids=(0,), num_target_layers=info.n_layers,
+                      block_size=8, mask_token_id=info.vocab_size - 1, conv_group_size=8, selector_rank=16,
+                      selector_top_k=4)
+    write_checkpoint(tmp_path / "ckpt", cfg)
+    out = convert(tmp_path / "ckpt", tmp_path / "d.gguf", target_gguf=path, outtype="f32")
+    kv = read_gguf_header(out).kv
+    assert "tokenizer.ggml.tokens" in kv and len(kv["tokenizer.ggml.tokens"].value) == info.vocab_size
+    with pydflash.Engine(str(path), str(out), n_ctx=256, n_threads=2, n_max=7) as e:
+        r = e.generate(PROMPT, max_tokens=8, temperature=0, ignore_eos=True)
+    assert len(r.tokens) == 8

@@ -333,7 +333,10 @@ def read_target_gguf(path: str | os.PathLike[str]) -> TargetInfo:
     arch = str(scalar("general.architecture"))
     if "tokenizer.ggml.tokens" not in meta:
         raise ValueError(f"target GGUF {path.name} has no tokenizer.ggml.tokens (vocab-less file?)")
-    tokenizer = [kv for key, kv in meta.items() if key.startswith(Keys.TOKENIZER_PREFIX) and key != Keys.MASK_TOKEN_ID]
+    # empty arrays (e.g. the merges of a word-level vocab) carry nothing, and gguf-py's writer
+    # refuses them: they are left out
+    tokenizer = [kv for key, kv in meta.items() if key.startswith(Keys.TOKENIZER_PREFIX) and key != Keys.MASK_TOKEN_ID
+                 and not (kv.type == GGUFValueType.ARRAY and len(kv.value) == 0)]
     rope_key = f"{arch}.rope.freq_base"
     return TargetInfo(
         source=str(path),
